@@ -1,0 +1,94 @@
+"""The rollout batch: one dataclass that every stage of a training step reads or extends.
+
+Shapes use ``B`` for responses (prompts x samples), ``Lp`` for the padded prompt length and
+``Lr`` for the padded response length. Prompts are left-padded and responses right-padded,
+so ``cat([prompt_ids, response_ids], dim=1)`` is a batch of contiguous sequences whose
+response tokens all start at column ``Lp`` (the layout verl uses).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class RolloutBatch:
+    prompt_ids: Tensor  # [B, Lp] long, left-padded with the pad id
+    prompt_mask: Tensor  # [B, Lp] bool, True on real prompt tokens
+    response_ids: Tensor  # [B, Lr] long, right-padded with the pad id
+    response_mask: Tensor  # [B, Lr] bool, True on generated tokens (the closing EOS included)
+    rollout_logp: Tensor  # [B, Lr] float32, log-prob of each sampled token under the sampler
+    #                       (logits / temperature, before top-k/top-p/min-p), 0 on padding
+    group_index: Tensor  # [B] long, the prompt (0..P-1) each response answers
+    seeds: Tensor  # [B] long, the per-rollout sampling seed
+    finished: Tensor  # [B] bool, True when the response ended with EOS (not cut at max length)
+
+    def __len__(self) -> int:
+        return self.response_ids.shape[0]
+
+    @property
+    def response_lengths(self) -> Tensor:  # [B] long
+        return self.response_mask.sum(dim=1)
+
+    def response_lists(self) -> list[list[int]]:
+        """Unpadded response token ids, one list per row."""
+        return [row[m].tolist() for row, m in zip(self.response_ids, self.response_mask)]
+
+    def prompt_lists(self) -> list[list[int]]:
+        """Unpadded prompt token ids, one list per row."""
+        return [row[m].tolist() for row, m in zip(self.prompt_ids, self.prompt_mask)]
+
+    def select(self, index: Tensor | Sequence[int]) -> "RolloutBatch":
+        """Rows ``index`` (a list, a long tensor or a bool mask), trimmed to their own padding."""
+        index = torch.as_tensor(index)
+        picked = replace(self, **{f.name: getattr(self, f.name)[index] for f in fields(self)})
+        return picked.trimmed()
+
+    def trimmed(self) -> "RolloutBatch":
+        """Drop padding columns that no row uses (left for prompts, right for responses)."""
+        lp = int(self.prompt_mask.sum(dim=1).max()) if len(self) else 0
+        lr = int(self.response_mask.sum(dim=1).max()) if len(self) else 0
+        lp_total = self.prompt_ids.shape[1]
+        return replace(
+            self,
+            prompt_ids=self.prompt_ids[:, lp_total - lp :],
+            prompt_mask=self.prompt_mask[:, lp_total - lp :],
+            response_ids=self.response_ids[:, :lr],
+            response_mask=self.response_mask[:, :lr],
+            rollout_logp=self.rollout_logp[:, :lr],
+        )
+
+    def to(self, device: torch.device | str) -> "RolloutBatch":
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
+    @staticmethod
+    def concat(batches: Sequence["RolloutBatch"], pad_token_id: int) -> "RolloutBatch":
+        """Stack batches row-wise, re-padding to the longest prompt and response.
+
+        ``group_index`` values are kept as they are: offset them first when groups of the
+        different batches must stay apart.
+        """
+        if not batches:
+            raise ValueError("RolloutBatch.concat needs at least one batch")
+        lp = max(b.prompt_ids.shape[1] for b in batches)
+        lr = max(b.response_ids.shape[1] for b in batches)
+
+        def left(t: Tensor, width: int, value) -> Tensor:
+            return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+
+        def right(t: Tensor, width: int, value) -> Tensor:
+            return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+        return RolloutBatch(
+            prompt_ids=torch.cat([left(b.prompt_ids, lp, pad_token_id) for b in batches]),
+            prompt_mask=torch.cat([left(b.prompt_mask, lp, False) for b in batches]),
+            response_ids=torch.cat([right(b.response_ids, lr, pad_token_id) for b in batches]),
+            response_mask=torch.cat([right(b.response_mask, lr, False) for b in batches]),
+            rollout_logp=torch.cat([right(b.rollout_logp, lr, 0.0) for b in batches]),
+            group_index=torch.cat([b.group_index for b in batches]),
+            seeds=torch.cat([b.seeds for b in batches]),
+            finished=torch.cat([b.finished for b in batches]),
+        )

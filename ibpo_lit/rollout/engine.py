@@ -1,0 +1,72 @@
+"""What a rollout engine is: prompts (token ids) in, a ``RolloutBatch`` out.
+
+Engines know models and samplers; they know nothing of rewards or losses.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Sequence
+
+from ibpo_lit.rollout.batch import RolloutBatch
+
+
+@dataclass
+class SamplingConfig:
+    """Decoding settings for one generation call.
+
+    Args:
+        temperature: Softmax temperature (> 0). Log-probs returned and trained on use the same
+            temperature, as verl and TRL do.
+        top_p: Nucleus sampling mass in (0, 1]; 1 disables it.
+        top_k: Keep the k most likely tokens; 0 disables it.
+        min_p: Drop tokens whose probability is below ``min_p`` times the top token's; 0 disables it.
+        max_new_tokens: Longest response, in tokens; a response cut here is marked unfinished.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_new_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"sampling.temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"sampling.top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.min_p < 1:
+            raise ValueError(f"sampling.min_p must be in [0, 1), got {self.min_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+class RolloutEngine(ABC):
+    """Samples responses from the current policy."""
+
+    @abstractmethod
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        seeds: Sequence[int],
+        sampling: SamplingConfig | None = None,
+    ) -> RolloutBatch:
+        """Sample ``n`` responses for each prompt.
+
+        Args:
+            prompts: P prompts as unpadded token-id lists.
+            n: Samples per prompt.
+            seeds: One seed per response (length P * n). The same prompt, seed and weights
+                give the same response, whatever else is in the batch.
+            sampling: Overrides the engine's default decoding settings for this call.
+
+        Returns:
+            A batch of B = P * n rows, prompt-major: row ``p * n + j`` is sample ``j`` of
+            prompt ``p`` and has ``group_index == p``.
+        """
+
+    def sync_weights(self, named_tensors) -> None:  # noqa: B027 - optional hook
+        """Load new policy weights. Engines that share the trainer's model need nothing."""
