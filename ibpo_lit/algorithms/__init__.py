@@ -1,0 +1,68 @@
+"""The formulas of docs/METHOD.md as pure tensor functions (no Lightning, no models, no I/O).
+
+Importing this package fills the registries (``POLICY_LOSSES``, ``ADVANTAGE_SCALES``,
+``SHAPING_VARIANTS``, ``AGGREGATIONS``), so a config can name any entry. The common policy-loss
+call is::
+
+    loss, metrics = POLICY_LOSSES.get(name)(
+        logp, old_logp, advantages, mask,
+        token_weights=w, num_seqs=n_seqs, num_tokens=n_tokens, **user_kwargs)
+
+with logp, old_logp, mask, w [B, T], advantages [B], and ``num_seqs`` / ``num_tokens`` the
+GLOBAL counts of the whole batch under micro-batching (``aggregation.py``). GSPO ignores
+``num_tokens`` and takes no ``agg_mode``; see ``registry.py`` for the full contract.
+"""
+from ibpo_lit.algorithms.advantages import group_advantages, grouped_advantages
+from ibpo_lit.algorithms.aggregation import aggregate
+from ibpo_lit.algorithms.edit_alignment import (
+    adaptive_alpha,
+    is_full_rewrite,
+    kept_positions,
+    normalized_edit_distance,
+)
+from ibpo_lit.algorithms.grpo import grpo_loss
+from ibpo_lit.algorithms.gspo import gspo_loss
+from ibpo_lit.algorithms.logprobs import token_logprobs
+from ibpo_lit.algorithms.registry import (
+    ADVANTAGE_SCALES,
+    AGGREGATIONS,
+    POLICY_LOSSES,
+    SHAPING_VARIANTS,
+    Registry,
+    get_advantage_scale,
+    get_aggregation,
+    get_policy_loss,
+    get_shaping_variant,
+)
+from ibpo_lit.algorithms.shaping import (
+    ShapingResult,
+    ibpo_delta,
+    shape_rewards,
+    validate_shaping,
+)
+
+__all__ = [
+    "ADVANTAGE_SCALES",
+    "AGGREGATIONS",
+    "POLICY_LOSSES",
+    "SHAPING_VARIANTS",
+    "Registry",
+    "ShapingResult",
+    "adaptive_alpha",
+    "aggregate",
+    "get_advantage_scale",
+    "get_aggregation",
+    "get_policy_loss",
+    "get_shaping_variant",
+    "group_advantages",
+    "grouped_advantages",
+    "grpo_loss",
+    "gspo_loss",
+    "ibpo_delta",
+    "is_full_rewrite",
+    "kept_positions",
+    "normalized_edit_distance",
+    "shape_rewards",
+    "token_logprobs",
+    "validate_shaping",
+]

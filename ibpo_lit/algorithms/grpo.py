@@ -1,0 +1,99 @@
+"""GRPO / DAPO token-level clipped loss (METHOD section 4).
+
+Per token: ``rho_t = exp(logp_t - old_logp_t)``,
+``loss_t = -w_t * min(rho_t*A, clip(rho_t, 1-eps_low, 1+eps_high)*A) + beta_kl * kl_t``,
+then ``aggregate(loss, mask, agg_mode, num_seqs, num_tokens)``:
+"seq-mean-token-mean" is GRPO, "token-mean" is DAPO's token-level loss.
+
+``kl_t`` is the k3 estimator of DeepSeekMath, ``exp(ref - logp) - (ref - logp) - 1`` (>= 0,
+unbiased for KL(pi_theta || pi_ref) under samples of pi_theta). It is not multiplied by
+``w_t``: token weights re-weight credit, not the trust region to the reference.
+
+Choices: eps_low = eps_high = 0.2 by default (PPO/GRPO; DAPO's clip-higher is eps_high=0.28);
+no dual-clip and no log-ratio clamp; computed in float32; ``beta_kl = 0`` (the IBPO setting)
+skips the KL and does not need ``ref_logp``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ibpo_lit.algorithms.aggregation import aggregate
+from ibpo_lit.algorithms.registry import POLICY_LOSSES
+
+
+@POLICY_LOSSES.register("grpo")
+def grpo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    agg_mode: str = "seq-mean-token-mean",
+    token_weights: Tensor | None = None,
+    ref_logp: Tensor | None = None,
+    beta_kl: float = 0.0,
+    num_seqs: float | None = None,
+    num_tokens: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Token-level clipped surrogate (+ optional k3 KL), aggregated.
+
+    Args:
+        logp: [B, T] log pi_theta of the sampled tokens (requires grad).
+        old_logp: [B, T] log pi_old (constant).
+        advantages: [B] one advantage per sequence, broadcast over its tokens.
+        mask: [B, T] bool or float, passed to ``aggregate``.
+        eps_low, eps_high: clip range ``[1 - eps_low, 1 + eps_high]`` of ``rho_t``.
+        agg_mode: a name in ``AGGREGATIONS``.
+        token_weights: [B, T] float ``w_t`` or None (all 1).
+        ref_logp: [B, T] log pi_ref, required when ``beta_kl > 0``.
+        beta_kl: KL coefficient (>= 0).
+        num_seqs, num_tokens: global counts for micro-batching (see ``aggregation.py``).
+
+    Returns:
+        loss: [] float32 scalar to minimise.
+        metrics: detached [] tensors "clip_frac" (share of valid tokens whose clipped branch
+            is active), "ratio_mean" (mean ``rho_t`` over valid tokens), and "kl" (mean
+            ``kl_t`` over valid tokens) when ``beta_kl > 0``; clip_frac 0 and ratio_mean 1
+            when no token is valid.
+    """
+    if beta_kl < 0:
+        raise ValueError(f"beta_kl must be >= 0; got {beta_kl}")
+    if beta_kl > 0 and ref_logp is None:
+        raise ValueError("grpo_loss: beta_kl > 0 needs ref_logp ([B, T] reference log-probs)")
+    valid = mask != 0
+    # where(), not * mask: padding may hold -inf log-probs.
+    logp = torch.where(valid, logp.float(), 0.0)
+    old_logp = torch.where(valid, old_logp.float(), 0.0)
+    adv = advantages.float()[:, None]  # [B, 1]
+
+    ratio = torch.exp(logp - old_logp)  # [B, T]
+    clipped_ratio = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    surrogate = torch.minimum(ratio * adv, clipped_ratio * adv)
+    if token_weights is not None:
+        surrogate = surrogate * torch.where(valid, token_weights.float(), 0.0)
+    loss_mat = -surrogate
+
+    kl = None
+    if beta_kl > 0:
+        ref_logp = torch.where(valid, ref_logp.float(), 0.0)
+        log_ref_ratio = ref_logp - logp
+        kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1.0
+        loss_mat = loss_mat + beta_kl * kl
+
+    loss = aggregate(loss_mat, mask, agg_mode, num_seqs=num_seqs, num_tokens=num_tokens)
+
+    with torch.no_grad():
+        n_valid = valid.sum().clamp_min(1).float()
+        is_clipped = ((adv > 0) & (ratio > 1.0 + eps_high)) | ((adv < 0) & (ratio < 1.0 - eps_low))
+        metrics = {
+            "clip_frac": (is_clipped & valid).sum() / n_valid,
+            # 1 (not 0) when there is no valid token, as in gspo_loss.
+            "ratio_mean": torch.where(valid, ratio, 0.0).sum() / n_valid
+            if valid.any()
+            else torch.ones((), device=ratio.device),
+        }
+        if kl is not None:
+            metrics["kl"] = torch.where(valid, kl, 0.0).sum() / n_valid
+    return loss, metrics
