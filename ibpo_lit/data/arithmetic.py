@@ -1,0 +1,96 @@
+"""Synthetic arithmetic problems made in code: "What is 47 + 8?" -> "55".
+
+What is covered:
+- Two-operand problems with ``+``, ``-`` and ``*``. Each operand first draws its digit count
+  uniformly from ``[min_digits, max_digits]``, then a value uniformly among the numbers with that
+  many digits (one digit: 0-9), capped at ``max_operand`` when set.
+- Determinism: problem ``index`` is drawn from its own RNG seeded by ``(seed, index)``, so a
+  stream position alone fixes the problem (exact resume, any number of workers) and it does not
+  depend on Python's hash seed.
+- With ``allow_negative=False`` (the default) subtraction puts the larger operand first.
+
+What is not covered:
+- Division, more than two operands, word problems.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+Op = Literal["+", "-", "*"]
+OPS = ("+", "-", "*")
+
+
+@dataclass(frozen=True)
+class ArithmeticConfig:
+    """Synthetic arithmetic problems.
+
+    Args:
+        min_digits: Fewest digits per operand (1 allows 0-9).
+        max_digits: Most digits per operand.
+        ops: Operators to draw from, any of "+", "-", "*".
+        max_operand: If set, cap every operand at this value (keeps answers small, e.g. for a
+            tiny random model that earns reward only by luck).
+        allow_negative: Allow negative answers from "-"; if false the larger operand comes first.
+        seed: Seed of the problem stream; problem i is the same for the same seed.
+    """
+
+    min_digits: int = 1
+    max_digits: int = 2
+    ops: tuple[Op, ...] = ("+",)
+    max_operand: int | None = None
+    allow_negative: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.min_digits < 1:
+            raise ValueError(f"arithmetic.min_digits must be >= 1, got {self.min_digits}")
+        if self.max_digits < self.min_digits:
+            raise ValueError(
+                f"arithmetic.max_digits ({self.max_digits}) must be >= min_digits ({self.min_digits})"
+            )
+        ops = tuple(self.ops)
+        object.__setattr__(self, "ops", ops)  # lists from YAML become tuples
+        if not ops or any(op not in OPS for op in ops):
+            raise ValueError(f"arithmetic.ops must be a non-empty subset of {OPS}, got {ops}")
+        if self.max_operand is not None and self.max_operand < _smallest(self.min_digits):
+            raise ValueError(
+                f"arithmetic.max_operand ({self.max_operand}) is below the smallest "
+                f"{self.min_digits}-digit number ({_smallest(self.min_digits)})"
+            )
+
+
+def _smallest(digits: int) -> int:
+    return 0 if digits == 1 else 10 ** (digits - 1)
+
+
+def _operand(rng: random.Random, cfg: ArithmeticConfig) -> int:
+    digits = rng.randint(cfg.min_digits, cfg.max_digits)
+    lo, hi = _smallest(digits), 10**digits - 1
+    if cfg.max_operand is not None:
+        hi = min(hi, cfg.max_operand)
+        if hi < lo:  # this digit count is entirely above the cap: use the smallest allowed count
+            lo, hi = _smallest(cfg.min_digits), min(10**cfg.min_digits - 1, cfg.max_operand)
+    return rng.randint(lo, hi)
+
+
+def arithmetic_problem(index: int, cfg: ArithmeticConfig) -> tuple[str, str]:
+    """Problem number ``index`` of the stream: ``(problem_text, gold)``.
+
+    Example: ``("What is 47 + 8?", "55")``.
+    """
+    if index < 0:
+        raise ValueError(f"index must be >= 0, got {index}")
+    rng = random.Random(f"ibpo-arithmetic:{cfg.seed}:{index}")  # str seeds hash with sha512
+    a, b = _operand(rng, cfg), _operand(rng, cfg)
+    op = rng.choice(cfg.ops)
+    if op == "+":
+        result = a + b
+    elif op == "-":
+        if not cfg.allow_negative and b > a:
+            a, b = b, a
+        result = a - b
+    else:
+        result = a * b
+    return f"What is {a} {op} {b}?", str(result)

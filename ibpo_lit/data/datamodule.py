@@ -1,0 +1,234 @@
+"""`PromptDataModule`: the training prompts, from a JSONL file or synthetic arithmetic.
+
+What is covered:
+- Arguments validated in ``__init__`` (a `ValueError` naming the field) so a bad config fails
+  before any model loads; the JSONL file is read and every record checked in `setup`, so a bad
+  record on line 7000 stops the run before training, not an hour into it.
+- The train loader yields lists of ``prompts_per_step`` `Prompt` objects, forever.
+- Counters for logging in `stats`: ``skipped_records`` (bad JSONL records, counted once at
+  setup), ``skipped_long_prompts`` and ``truncated_prompts`` (counted as prompts are drawn).
+- Exact resume: `state_dict` holds the stream position of the last batch the trainer actually
+  consumed. It is read in `on_before_batch_transfer`, which sees the batch a training step is
+  about to use (Lightning prefetches one batch ahead, so the dataset's own iterator position would
+  be one batch too far). A new iterator (next Lightning epoch, resume) continues from there.
+
+What is not covered:
+- Validation/test loaders (evaluation sets come later).
+- With ``num_workers > 0``: resume is approximate and the long-prompt counters stay in the worker
+  processes (see `ibpo_lit.data.stream`).
+- The LightningModule must not override ``on_before_batch_transfer`` too: Lightning would then
+  call only this DataModule's hook (and warn).
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+from torch.utils.data import DataLoader
+
+from ibpo_lit.data.arithmetic import ArithmeticConfig
+from ibpo_lit.data.prompt import Prompt, collate_prompts
+from ibpo_lit.data.prompt_builder import LONG_PROMPT_POLICIES, PromptBuilder
+from ibpo_lit.data.records import (
+    ANSWER_FORMATS,
+    BAD_RECORD_POLICIES,
+    BadRecordError,
+    RecordFormat,
+    read_records,
+)
+from ibpo_lit.data.stream import ArithmeticSource, ProblemSource, PromptStream, RecordSource, StreamPosition
+
+logger = logging.getLogger(__name__)
+
+SOURCES = ("arithmetic", "jsonl")
+DEFAULT_INSTRUCTION = "Think step by step, then give the final answer after ####."
+
+
+class PromptDataModule(L.LightningDataModule):
+    """Training prompts for RL: problems with gold answers, chat-templated and tokenized.
+
+    Args:
+        tokenizer: Model name or path whose tokenizer renders and tokenizes the prompts (the CLI
+            links it to the model's name).
+        source: Where problems come from: "arithmetic" (synthetic, made in code) or "jsonl"
+            (a file given by train_path).
+        train_path: JSONL file of training problems; required when source is "jsonl".
+        question_key: JSONL field holding the problem text ("problem" for MATH-style files).
+        answer_key: JSONL field holding the answer.
+        answer_format: "gsm8k" (the answer is a solution ending in "#### N"; the gold is N with
+            commas removed) or "plain" (the field is the final answer itself, as in MATH-500).
+        on_bad_record: What to do with a malformed JSONL record: "error" stops with the file, line
+            and field; "skip" drops it and counts it in stats["skipped_records"].
+        arithmetic: Synthetic arithmetic problems (used when source is "arithmetic").
+        prompts_per_step: Prompts per training step (the DataLoader batch size).
+        system_prompt: Optional system message, used when the tokenizer has a chat template.
+        instruction: Text appended to every problem (after a blank line).
+        max_prompt_tokens: Longest prompt in tokens, chat template included.
+        on_long_prompt: What to do with a longer prompt: "skip" (counted), "truncate" (shorten
+            the problem text, keep the template), or "error".
+        seed: Seed of the per-epoch shuffle of a JSONL source (epoch e uses seed + e); the
+            arithmetic stream has its own arithmetic.seed.
+        num_workers: DataLoader worker processes; 0 keeps resume exact.
+        task: Verifier that scores these prompts' responses (a name in ibpo_lit.rewards.REWARDS).
+    """
+
+    def __init__(
+        self,
+        tokenizer: str = "tiny-llama",
+        source: Literal["arithmetic", "jsonl"] = "arithmetic",
+        train_path: str | None = None,
+        question_key: str = "question",
+        answer_key: str = "answer",
+        answer_format: Literal["gsm8k", "plain"] = "gsm8k",
+        on_bad_record: Literal["error", "skip"] = "error",
+        arithmetic: ArithmeticConfig = ArithmeticConfig(),
+        prompts_per_step: int = 2,
+        system_prompt: str | None = None,
+        instruction: str = DEFAULT_INSTRUCTION,
+        max_prompt_tokens: int = 512,
+        on_long_prompt: Literal["truncate", "skip", "error"] = "skip",
+        seed: int = 0,
+        num_workers: int = 0,
+        task: str = "math",
+    ):
+        super().__init__()
+        _check_choice("source", source, SOURCES)
+        _check_choice("answer_format", answer_format, ANSWER_FORMATS)
+        _check_choice("on_bad_record", on_bad_record, BAD_RECORD_POLICIES)
+        _check_choice("on_long_prompt", on_long_prompt, LONG_PROMPT_POLICIES)
+        if source == "jsonl":
+            if not train_path:
+                raise ValueError("train_path is required when source='jsonl'")
+            if not Path(train_path).is_file():
+                raise FileNotFoundError(f"train_path: no such file: {train_path}")
+        elif train_path:
+            raise ValueError(f"train_path is only read when source='jsonl' (source={source!r})")
+        for name, value, low in (("prompts_per_step", prompts_per_step, 1),
+                                 ("max_prompt_tokens", max_prompt_tokens, 1),
+                                 ("num_workers", num_workers, 0)):
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        if not isinstance(arithmetic, ArithmeticConfig):
+            raise ValueError(f"arithmetic must be an ArithmeticConfig, got {type(arithmetic).__name__}")
+        from ibpo_lit.rewards import get_reward
+
+        get_reward(task)  # ValueError listing the valid names
+        self.record_format = RecordFormat(question_key, answer_key, answer_format)
+
+        self.tokenizer_name = tokenizer
+        self.source = source
+        self.train_path = train_path
+        self.on_bad_record = on_bad_record
+        self.arithmetic = arithmetic
+        self.prompts_per_step = prompts_per_step
+        self.system_prompt = system_prompt
+        self.instruction = instruction
+        self.max_prompt_tokens = max_prompt_tokens
+        self.on_long_prompt = on_long_prompt
+        self.seed = seed
+        self.num_workers = num_workers
+        self.task = task
+
+        self.tokenizer_obj: Any = None  # set before setup() to skip loading (tests, notebooks)
+        self.skipped_record_errors: list[BadRecordError] = []
+        self._source: ProblemSource | None = None
+        self._builder: PromptBuilder | None = None
+        self._dataset: PromptStream | None = None
+        self._position = StreamPosition()
+        self._restored_stats: dict[str, int] = {}
+
+    # ---- stages -------------------------------------------------------------------------------
+    def setup(self, stage: str | None = None) -> None:
+        if self._builder is not None:
+            return
+        if self.tokenizer_obj is None:
+            from ibpo_lit.models.loading import load_tokenizer
+
+            self.tokenizer_obj = load_tokenizer(self.tokenizer_name)
+        self._source = self._make_source()
+        self._builder = PromptBuilder(
+            tokenizer=self.tokenizer_obj,
+            instruction=self.instruction,
+            system_prompt=self.system_prompt,
+            max_prompt_tokens=self.max_prompt_tokens,
+            on_long_prompt=self.on_long_prompt,
+            task=self.task,
+        )
+        for key in self._builder.stats:
+            self._builder.stats[key] += self._restored_stats.get(key, 0)
+
+    def _make_source(self) -> ProblemSource:
+        if self.source == "arithmetic":
+            return ArithmeticSource(self.arithmetic)
+        self.skipped_record_errors = []
+        records = list(read_records(self.train_path, self.record_format, self.on_bad_record,
+                                    skipped=self.skipped_record_errors))
+        if self.skipped_record_errors:
+            logger.warning("skipped %d bad records in %s; first: %s", len(self.skipped_record_errors),
+                           self.train_path, self.skipped_record_errors[0])
+        return RecordSource(records, seed=self.seed)
+
+    def train_dataset(self) -> PromptStream:
+        if self._builder is None:
+            raise RuntimeError("call setup() before asking for the train data")
+        self._dataset = PromptStream(self._source, self._builder, start=self._position)
+        return self._dataset
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(
+            self.train_dataset(),
+            batch_size=self.prompts_per_step,
+            collate_fn=collate_prompts,
+            num_workers=self.num_workers,
+        )
+
+    # ---- counters and resume ------------------------------------------------------------------
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters for logging: skipped_records, skipped_long_prompts, truncated_prompts."""
+        long = self._builder.stats if self._builder is not None else {
+            "skipped_long_prompts": self._restored_stats.get("skipped_long_prompts", 0),
+            "truncated_prompts": self._restored_stats.get("truncated_prompts", 0),
+        }
+        return {"skipped_records": len(self.skipped_record_errors), **long}
+
+    @property
+    def position(self) -> StreamPosition:
+        """Stream position after the last consumed batch (where a resume starts)."""
+        return self._position
+
+    def mark_consumed(self, batch: list[Prompt]) -> None:
+        """Record that ``batch`` was used; a new iterator or a checkpoint resumes after it."""
+        positions = [StreamPosition(**p.meta["stream_position"]) for p in batch
+                     if isinstance(p, Prompt) and "stream_position" in p.meta]
+        if positions:
+            self._position = max(self._position, *positions)
+            if self._dataset is not None:
+                self._dataset.start = self._position
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        trainer = getattr(self, "trainer", None)
+        if isinstance(batch, list) and (trainer is None or trainer.training):
+            self.mark_consumed(batch)
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self._position.as_dict(), "stats": self.stats}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._position = StreamPosition(int(state_dict["epoch"]), int(state_dict["index"]))
+        if self._dataset is not None:
+            self._dataset.start = self._position
+        stats = dict(state_dict.get("stats", {}))
+        if self._builder is not None:
+            for key in self._builder.stats:
+                self._builder.stats[key] = stats.get(key, 0)
+        else:
+            self._restored_stats = stats
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")

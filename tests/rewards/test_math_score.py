@@ -1,0 +1,81 @@
+"""math_score, GSM8K gold extraction and the reward registry."""
+import threading
+
+import pytest
+
+from ibpo_lit.rewards import REWARDS, extract_gsm8k_gold, get_reward, math_score
+
+
+@pytest.mark.parametrize(
+    "answer, gold",
+    [
+        ("She pays 3*4=<<3*4=12>>12.\n#### 12", "12"),
+        ("Total 1,000+234=<<1000+234=1234>>1,234\n#### 1,234", "1234"),
+        ("#### -5", "-5"),
+        ("a #### 1 b\n#### 72 ", "72"),  # the last marker wins
+    ],
+)
+def test_extract_gsm8k_gold(answer, gold):
+    assert extract_gsm8k_gold(answer) == gold
+
+
+def test_extract_gsm8k_gold_without_marker():
+    with pytest.raises(ValueError, match="####"):
+        extract_gsm8k_gold("the answer is 3")
+
+
+@pytest.mark.parametrize(
+    "completion, gold, expected",
+    [
+        ("7 + 4 = 11\n#### 11", "11", 1.0),
+        ("7 + 4 = 12\n#### 12", "11", 0.0),
+        ("#### 1,234", "1234", 1.0),
+        ("#### 1234", "1234", 1.0),
+        ("#### $42$ apples", "42", 1.0),
+        # the #### line is read, not an earlier "answer is" phrase
+        ("The answer is 41. Wait, no.\n#### 42\nSome rambling 17", "42", 1.0),
+        # no #### marker: math-verify's default extraction (last boxed / last number)
+        ("So the result is \\boxed{\\frac{1}{2}}.", "0.5", 1.0),
+        ("So the result is \\boxed{\\frac{1}{2}}.", "\\frac12", 1.0),
+        ("So the result is \\boxed{\\frac{1}{3}}.", "\\frac{1}{2}", 0.0),
+        ("#### 0.5", "\\frac{1}{2}", 1.0),
+        ("12 apples and then 13, so 25.", "25", 1.0),
+        # an empty #### line falls back to the whole completion
+        ("the answer is \\boxed{7}\n#### ", "7", 1.0),
+        # no answer at all is wrong, not unscorable
+        ("I do not know.", "42", 0.0),
+        ("", "42", 0.0),
+    ],
+)
+def test_math_score(completion, gold, expected):
+    assert math_score(completion, gold) == expected
+
+
+@pytest.mark.parametrize("gold", ["", "   ", "\\frac{", "}{"])
+def test_unparseable_gold_is_unscorable(gold):
+    assert math_score("#### 42", gold) is None
+
+
+def test_math_verify_error_is_unscorable(monkeypatch):
+    import ibpo_lit.rewards.math as m
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("sympy exploded")
+
+    monkeypatch.setattr(m, "verify", boom)
+    assert math_score("#### 42", "42") is None
+
+
+def test_math_score_works_off_the_main_thread():
+    results = []
+    t = threading.Thread(target=lambda: results.append(math_score("#### 1,234", "1234")))
+    t.start()
+    t.join()
+    assert results == [1.0]
+
+
+def test_registry():
+    assert get_reward("math") is math_score
+    assert "math" in REWARDS
+    with pytest.raises(ValueError, match=r"unknown reward 'code'.*\['math'\]"):
+        get_reward("code")
