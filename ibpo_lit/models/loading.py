@@ -1,0 +1,171 @@
+"""Load a policy (model + tokenizer) by built-in name, local directory or hub id.
+
+What is covered:
+    * Built-in names (``BUILTIN_MODELS``: ``tiny-llama``, ``tiny-qwen3``) build a random model
+      in code; no files, no network.
+    * Anything else goes through ``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained``:
+      a local directory written by ``save_pretrained``, or a hub id.
+    * Errors a user can act on: a local-looking path that does not exist raises
+      ``FileNotFoundError`` naming it; a hub id that cannot be loaded raises ``OSError``
+      naming the id, the cause and the alternatives.
+    * Dropout is switched off (see ``disable_dropout``) and the tokenizer gets a pad token.
+
+What is not covered:
+    * GGUF files, PEFT adapters, quantised checkpoints: convert to a plain directory first.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from functools import partial
+from typing import Callable, Iterator
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from ibpo_lit.models.tiny import build_tiny_model, build_tiny_tokenizer
+
+BUILTIN_MODELS: dict[str, Callable[[int], PreTrainedModel]] = {
+    "tiny-llama": partial(build_tiny_model, arch="llama"),
+    "tiny-qwen3": partial(build_tiny_model, arch="qwen3"),
+}
+"""Built-in model name -> ``builder(seed) -> model``; all use ``build_tiny_tokenizer()``."""
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Config fields that hold a dropout probability, across common architectures.
+DROPOUT_FIELDS = (
+    "attention_dropout",
+    "hidden_dropout",
+    "dropout",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "activation_dropout",
+)
+
+
+def load_policy(
+    name_or_path: str, dtype: str = "float32", seed: int = 0
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model and tokenizer named by ``name_or_path``.
+
+    Args:
+        name_or_path: A built-in name (see ``BUILTIN_MODELS``), a local directory holding a
+            ``save_pretrained`` model and tokenizer, or a Hugging Face hub id.
+        dtype: Parameter dtype: ``float32``, ``bfloat16`` or ``float16``.
+        seed: Weight seed of built-in models (ignored for pretrained ones).
+
+    Returns:
+        ``(model, tokenizer)``; the model has dropout disabled, the tokenizer a pad token.
+    """
+    torch_dtype = _torch_dtype(dtype)
+    if name_or_path in BUILTIN_MODELS:
+        model = BUILTIN_MODELS[name_or_path](seed).to(torch_dtype)
+        return model, build_tiny_tokenizer()
+
+    source = _resolve(name_or_path)
+    with _hub_errors(name_or_path):
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        config = AutoConfig.from_pretrained(source)
+        disable_dropout(config)
+        model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=torch_dtype)
+    disable_dropout(model)
+    _ensure_pad_token(tokenizer)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``load_policy(name_or_path)``, without loading weights."""
+    if name_or_path in BUILTIN_MODELS:
+        return build_tiny_tokenizer()
+    source = _resolve(name_or_path)
+    with _hub_errors(name_or_path):
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    _ensure_pad_token(tokenizer)
+    return tokenizer
+
+
+def disable_dropout(config_or_model) -> None:
+    """Set every dropout probability to 0, in a config or in a model's modules.
+
+    RL trainers do this (verl, TRL's ``disable_dropout``): the importance ratio compares the
+    log-probs the sampler saw with those the trainer computes, and both must come from the same
+    deterministic function of the weights. With dropout on, the training forward would be a
+    random perturbation of the policy and the ratio would be noisy even for on-policy data.
+    """
+    if isinstance(config_or_model, torch.nn.Module):
+        for module in config_or_model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        disable_dropout(config_or_model.config)
+        return
+    configs = [config_or_model]
+    if hasattr(config_or_model, "get_text_config"):
+        text_config = config_or_model.get_text_config()
+        if text_config is not config_or_model:
+            configs.append(text_config)
+    for config in configs:
+        for field in DROPOUT_FIELDS:
+            if isinstance(getattr(config, field, None), float):
+                setattr(config, field, 0.0)
+
+
+def _torch_dtype(dtype: str) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {list(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _looks_local(name_or_path: str) -> bool:
+    return name_or_path.startswith((".", "/", "~")) or os.path.isdir(name_or_path)
+
+
+def _resolve(name_or_path: str) -> str:
+    """A local directory (checked to exist) or a hub id, as ``from_pretrained`` wants it."""
+    if not _looks_local(name_or_path):
+        return name_or_path
+    path = os.path.expanduser(name_or_path)
+    if not os.path.isdir(path):
+        what = "is a file" if os.path.exists(path) else "does not exist"
+        raise FileNotFoundError(
+            f"model path {name_or_path!r} {what}: expected a directory written by "
+            f"save_pretrained (config.json, weights and tokenizer files), a Hugging Face hub id, "
+            f"or a built-in name: {', '.join(BUILTIN_MODELS)}"
+        )
+    return path
+
+
+@contextmanager
+def _hub_errors(name_or_path: str) -> Iterator[None]:
+    """Re-raise a hub id's loading failure as an ``OSError`` that says what to do instead."""
+    try:
+        yield
+    except OSError as exc:
+        if _looks_local(name_or_path):
+            raise
+        raise OSError(
+            f"could not load model {name_or_path!r} from the Hugging Face hub: {exc}; pass a "
+            f"local directory or a built-in name: {', '.join(BUILTIN_MODELS)}"
+        ) from exc
+
+
+def _ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> None:
+    if tokenizer.pad_token is not None:
+        return
+    if tokenizer.eos_token is None:
+        raise ValueError(
+            f"tokenizer {tokenizer.name_or_path!r} has neither a pad nor an eos token; "
+            "the rollout engine needs one to pad and stop responses"
+        )
+    tokenizer.pad_token = tokenizer.eos_token

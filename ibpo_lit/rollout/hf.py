@@ -1,0 +1,196 @@
+"""Rollouts sampled from the trained Hugging Face model itself, with our own decoding loop.
+
+What is covered:
+    * ``HFRolloutEngine`` samples from the very model object the trainer optimises (no copy, so
+      no weight sync), in eval mode and without gradients, restoring the training flag after.
+    * Left-padded prompts, a KV cache, per-row ``position_ids``, stop at any EOS id (the EOS is
+      part of the response), ``max_new_tokens`` cut-off (such rows are ``finished=False``).
+    * Temperature, top-k, top-p and min-p through transformers' logits warpers.
+    * Per-rollout seeds: row ``b`` draws its Gumbel noise from its own ``torch.Generator``
+      seeded with ``seeds[b]``, so its tokens depend only on (prompt, seed, weights).
+    * ``rollout_logp``: log-prob of each sampled token under ``softmax(logits / temperature)``
+      before top-k/top-p/min-p filtering, through ``token_logprobs`` (the trainer's function).
+
+What is not covered:
+    * Speed: one process, one batch, no continuous batching or paged attention. Use it for
+      tests, small models and as the reference the faster engines are checked against.
+    * Bit-exact reproducibility across batch compositions is as good as the kernels: a row's
+      logits can differ in the last float bits between batch shapes, which flips a sampled
+      token only if two Gumbel-perturbed scores tie to within that error.
+
+Why not ``model.generate``: it samples every row from one global RNG, so a response depends on
+which other rows share its batch and in what order; and it returns scores only after all
+processors, not the log-prob of each sampled token under the temperature-scaled policy. Our
+loop gives each row its own generator and computes the log-probs in the same pass.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache, PreTrainedModel
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from ibpo_lit.algorithms.logprobs import token_logprobs
+from ibpo_lit.rollout.batch import RolloutBatch
+from ibpo_lit.rollout.engine import RolloutEngine, SamplingConfig
+
+
+class HFRolloutEngine(RolloutEngine):
+    """Sample with a Hugging Face causal LM's forward and KV cache.
+
+    Args:
+        model: The policy; the same object the trainer trains.
+        eos_token_ids: Any of these ends a response (and is kept in it).
+        pad_token_id: Fills prompt (left) and response (right) padding.
+        sampling: Default decoding settings; ``generate`` may override them per call.
+        max_batch_size: Decode at most this many rows at once (bounds the KV cache);
+            None decodes all P * n rows together. Results do not depend on it.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int,
+        sampling: SamplingConfig,
+        max_batch_size: int | None = None,
+    ) -> None:
+        if not eos_token_ids:
+            raise ValueError("HFRolloutEngine needs at least one eos_token_id")
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
+        self.model = model
+        self.eos_token_ids = [int(i) for i in eos_token_ids]
+        self.pad_token_id = int(pad_token_id)
+        self.sampling = sampling
+        self.max_batch_size = max_batch_size
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        seeds: Sequence[int],
+        sampling: SamplingConfig | None = None,
+    ) -> RolloutBatch:
+        sampling = sampling or self.sampling
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if not prompts:
+            raise ValueError("generate needs at least one prompt")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        if len(seeds) != len(prompts) * n:
+            raise ValueError(f"need one seed per response: {len(prompts)} prompts x n={n} "
+                             f"= {len(prompts) * n}, got {len(seeds)}")
+        rows = [list(p) for p in prompts for _ in range(n)]  # prompt-major
+        seeds = [int(s) for s in seeds]
+        chunk = self.max_batch_size or len(rows)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                parts = [
+                    self._generate_rows(rows[i : i + chunk], seeds[i : i + chunk], sampling)
+                    for i in range(0, len(rows), chunk)
+                ]
+        finally:
+            self.model.train(was_training)
+        batch = parts[0] if len(parts) == 1 else RolloutBatch.concat(parts, self.pad_token_id)
+        prompt_index = torch.arange(len(prompts), device=batch.seeds.device)
+        batch.group_index = prompt_index.repeat_interleave(n)
+        return batch
+
+    def _generate_rows(
+        self, prompts: list[list[int]], seeds: list[int], sampling: SamplingConfig
+    ) -> RolloutBatch:
+        """Decode one batch of rows. Shapes: B rows, Lp padded prompt length, V vocabulary."""
+        device = next(self.model.parameters()).device
+        prompt_ids, prompt_mask = self._left_pad(prompts, device)  # [B, Lp]
+        num_rows = len(prompts)
+        generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+        warpers = _logits_warpers(sampling)
+        eos = torch.tensor(self.eos_token_ids, device=device)
+        temperature = sampling.temperature
+
+        attention_mask = prompt_mask.long()  # [B, Lp + t] grows by one column per step
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)  # [B, Lp]
+        next_position = attention_mask.sum(dim=1, keepdim=True)  # [B, 1]
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=prompt_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+
+        done = torch.zeros(num_rows, dtype=torch.bool, device=device)
+        tokens, logps, masks = [], [], []
+        for step in range(sampling.max_new_tokens):
+            logits = out.logits[:, -1, :].float()  # [B, V]
+            scores = warpers(None, logits / temperature)  # -inf outside the kept set
+            noise = torch.stack([_gumbel(logits.shape[-1], g, device) for g in generators])
+            token = (scores + noise).argmax(dim=-1)  # Gumbel-max: one sample per row
+            logp = token_logprobs(logits, token, temperature=temperature)  # before filtering
+            token = token.masked_fill(done, self.pad_token_id)
+            tokens.append(token)
+            logps.append(logp.masked_fill(done, 0.0))
+            masks.append(~done)
+            done = done | torch.isin(token, eos)
+            if step + 1 == sampling.max_new_tokens or bool(done.all()):
+                break
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(num_rows, 1)], 1)
+            out = self.model(
+                input_ids=token[:, None],
+                attention_mask=attention_mask,
+                position_ids=next_position,
+                past_key_values=out.past_key_values,
+                use_cache=True,
+            )
+            next_position = next_position + 1
+
+        return RolloutBatch(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=torch.stack(tokens, dim=1),
+            response_mask=torch.stack(masks, dim=1),
+            rollout_logp=torch.stack(logps, dim=1),
+            group_index=torch.zeros(num_rows, dtype=torch.long, device=device),  # set by caller
+            seeds=torch.tensor(seeds, dtype=torch.long, device=device),
+            finished=done,
+        )
+
+    def _left_pad(self, prompts: list[list[int]], device: torch.device) -> tuple[Tensor, Tensor]:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[row, width - len(prompt) :] = True
+        return ids.to(device), mask.to(device)
+
+
+def _logits_warpers(sampling: SamplingConfig) -> LogitsProcessorList:
+    """transformers' filters, in the order ``generate`` applies them (after temperature)."""
+    warpers = LogitsProcessorList()
+    if sampling.top_k > 0:
+        warpers.append(TopKLogitsWarper(top_k=sampling.top_k))
+    if sampling.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=sampling.top_p))
+    if sampling.min_p > 0.0:
+        warpers.append(MinPLogitsWarper(min_p=sampling.min_p))
+    return warpers
+
+
+def _gumbel(size: int, generator: torch.Generator, device: torch.device) -> Tensor:
+    """[size] float32 standard Gumbel noise drawn from ``generator`` alone."""
+    uniform = torch.rand(size, generator=generator, device=device)
+    return -torch.log(-torch.log(uniform.clamp_(min=torch.finfo(torch.float32).tiny)))
