@@ -1,0 +1,199 @@
+"""Compare-and-correct rollouts: IBPO's counterfactual signal (METHOD section 5).
+
+For each wrong rollout ``y_i`` of a step the callback picks a reference ``y_ref`` from its
+group (a correct rollout when there is one, another wrong one otherwise), asks the policy
+to compare the two and correct, scores the correction with the same verifier and applies
+the full-rewrite filter. The module turns the outcome into shaped rewards (and, for
+``ibpo: mask``, token weights) and, when ``train_on_corrections`` is on, also trains the
+correction samples with the same loss.
+
+Covered: reference choice, the prompt template (its wording is configurable), k
+corrections per correction prompt, fixed or adaptive alpha, joint training with grouping
+by original prompt or by correction prompt.
+Not covered: source-side suppression (METHOD's optional penalty on full rewrites), and
+unscorable rollouts (NaN reward) are neither corrected nor used as references.
+Choices the paper left open: with ``corrections_per_input > 1`` the first correction of each
+wrong rollout decides its shaping and all ``k`` are trained; a rollout whose group has no
+other scored rollout gets no correction.
+
+This is a Lightning callback that acts through one extra hook, ``on_rollouts_scored``, which
+``IBPOModule.training_step`` calls on every callback that defines it.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+from typing import Literal, Optional, Union
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from ibpo_lit.algorithms.edit_alignment import adaptive_alpha, is_full_rewrite, kept_positions, normalized_edit_distance
+from ibpo_lit.seeding import CORRECTIONS, REFERENCE_CHOICE, rollout_seeds
+from ibpo_lit.step import Corrections, ScoredRollouts
+
+DEFAULT_TEMPLATE = (
+    "You are given two candidate solutions to the same problem. Compare them step by step, "
+    "identify any inconsistencies or errors, and then produce a corrected solution and final answer."
+)
+DEFAULT_ANSWER_INSTRUCTION = "End with the final answer in the format the problem asks for."
+
+
+class CorrectionRollouts(Callback):
+    """Generates IBPO's compare-and-correct rollouts for every wrong rollout.
+
+    Args:
+        alpha: Full-rewrite threshold on the normalised token edit distance ``d(y_i, y^)``,
+            a number in [0, 1] (paper: 0.6, stable from 0.55 to 0.70), or ``adaptive``
+            (mean + 2 std of ``d`` over the step's successful corrections).
+        corrections_per_input: Corrections sampled per correction prompt (k).
+        train_on_corrections: Train the correction samples jointly with the same loss (the
+            paper's default; off = its "shaping only" ablation).
+        grouping: How correction samples are grouped for their advantages: ``prompt`` (all
+            corrections of one original prompt) or ``input`` (the k samples of one
+            correction prompt; needs ``corrections_per_input >= 2``).
+        max_new_tokens: Longest correction; unset = the rollouts' ``max_new_tokens``.
+        template: Instruction that opens the correction prompt.
+        answer_instruction: How the correction must state its answer; unset = the prompt's
+            own instruction (``Prompt.meta["instruction"]``) or a generic one.
+    """
+
+    def __init__(
+        self,
+        alpha: Union[float, Literal["adaptive"]] = 0.6,
+        corrections_per_input: int = 1,
+        train_on_corrections: bool = True,
+        grouping: Literal["prompt", "input"] = "prompt",
+        max_new_tokens: Optional[int] = None,
+        template: str = DEFAULT_TEMPLATE,
+        answer_instruction: Optional[str] = None,
+    ) -> None:
+        if alpha != "adaptive" and not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1):
+            raise ValueError(f"CorrectionRollouts.alpha must be a number in [0, 1] or 'adaptive', got {alpha!r}")
+        if corrections_per_input < 1:
+            raise ValueError(f"CorrectionRollouts.corrections_per_input must be >= 1, got {corrections_per_input}")
+        if grouping == "input" and corrections_per_input < 2:
+            raise ValueError(
+                "CorrectionRollouts.grouping='input' needs corrections_per_input >= 2: a group of one "
+                "correction has no advantage signal."
+            )
+        if max_new_tokens is not None and max_new_tokens < 1:
+            raise ValueError(f"CorrectionRollouts.max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.alpha = alpha
+        self.k = corrections_per_input
+        self.train_on_corrections = train_on_corrections
+        self.grouping = grouping
+        self.max_new_tokens = max_new_tokens
+        self.template = template
+        self.answer_instruction = answer_instruction
+
+    # ------------------------------------------------------------------ hook
+    def on_rollouts_scored(self, trainer, pl_module, step: ScoredRollouts) -> None:
+        rollouts, rewards = step.rollouts, step.rewards
+        B, Lr = rollouts.response_ids.shape
+        responses = rollouts.response_lists()
+        groups = rollouts.group_index.tolist()
+
+        pairs = self.choose_references(rewards.tolist(), groups, pl_module.rollout_cfg.seed, step.step)
+        out = Corrections(
+            rewards=torch.full((B,), math.nan),
+            rewrite=torch.zeros(B, dtype=torch.bool),
+            kept_mask=torch.zeros(B, Lr, dtype=torch.bool),
+            distance=torch.full((B,), math.nan),
+            alpha=float(self.alpha) if self.alpha != "adaptive" else math.nan,
+        )
+        if not pairs:
+            out.metrics = {"train/corrections": 0.0}
+            step.corrections = out
+            return
+
+        tokenizer = pl_module.tokenizer
+        prompt_ids = [
+            self.correction_prompt_ids(tokenizer, step.prompts[groups[i]], step.texts[i], step.texts[ref])
+            for i, ref in pairs
+        ]
+        sampling = pl_module.rollout_cfg.sampling
+        if self.max_new_tokens is not None:
+            sampling = replace(sampling, max_new_tokens=self.max_new_tokens)
+        seeds = rollout_seeds(pl_module.rollout_cfg.seed, step.step, CORRECTIONS, len(pairs) * self.k)
+        batch = pl_module.engine.generate(prompt_ids, n=self.k, seeds=seeds, sampling=sampling)
+        texts = tokenizer.batch_decode(batch.response_lists(), skip_special_tokens=True)
+        source = [pairs[m][0] for m in batch.group_index.tolist()]  # the wrong rollout each sample corrects
+        scores = pl_module.score(texts, [step.prompts[groups[i]] for i in source])
+        corrected = batch.response_lists()
+
+        # Shaping uses the first correction of each wrong rollout (row m * k).
+        firsts = [m * self.k for m in range(len(pairs))]
+        for m, row in enumerate(firsts):
+            i, ref = pairs[m]
+            out.rewards[i] = scores[row]
+            out.distance[i] = normalized_edit_distance(responses[i], corrected[row])
+            kept = kept_positions(responses[i], corrected[row])
+            out.kept_mask[i, : len(kept)] = torch.tensor(kept, dtype=torch.bool)
+        success = [m for m, row in enumerate(firsts) if scores[row] == 1]
+        alpha = self.alpha
+        if alpha == "adaptive":
+            alpha = adaptive_alpha([float(out.distance[pairs[m][0]]) for m in success])
+        out.alpha = float(alpha)
+        for m in success:
+            i, ref = pairs[m]
+            out.rewrite[i] = is_full_rewrite(responses[i], corrected[firsts[m]], responses[ref], float(alpha))
+
+        if self.train_on_corrections:
+            if self.grouping == "prompt":
+                train_groups = torch.tensor([groups[i] for i in source], dtype=torch.long)
+            else:
+                train_groups = batch.group_index.cpu()
+            out.train_batch = replace(batch, group_index=train_groups.to(batch.group_index.device))
+            out.train_rewards = scores
+        out.generated_tokens = int(batch.response_mask.sum())
+        n_success = len(success)
+        scored = scores[~scores.isnan()]
+        out.metrics = {
+            "train/corrections": float(len(texts)),
+            "train/correction_success": float((scored == 1).float().mean()) if scored.numel() else math.nan,
+            "train/rewrite_rate": float(out.rewrite.sum()) / n_success if n_success else math.nan,
+            "train/correction_alpha": out.alpha,
+            "train/correction_distance": float(out.distance.nanmean()),
+        }
+        step.corrections = out
+
+    # --------------------------------------------------------------- pieces
+    @staticmethod
+    def choose_references(rewards: list[float], groups: list[int], seed: int, step: int) -> list[tuple[int, int]]:
+        """``(i, ref)`` for every wrong rollout ``i`` that has a partner (METHOD section 5, step 1):
+        ``ref`` uniform over the group's correct rollouts, else over its other wrong ones."""
+        rng = random.Random(rollout_seeds(seed, step, REFERENCE_CHOICE, 1)[0])
+        members: dict[int, list[int]] = {}
+        for row, g in enumerate(groups):
+            members.setdefault(g, []).append(row)
+        pairs = []
+        for i, (reward, g) in enumerate(zip(rewards, groups)):
+            if reward != 0:  # correct, or NaN (unscorable)
+                continue
+            correct = [j for j in members[g] if rewards[j] == 1]
+            wrong = [j for j in members[g] if rewards[j] == 0 and j != i]
+            candidates = correct or wrong
+            if candidates:
+                pairs.append((i, rng.choice(candidates)))
+        return pairs
+
+    def correction_prompt_text(self, problem: str, attempt: str, reference: str, instruction: Optional[str]) -> str:
+        """The user message of ``x~ = (x; y_i, y_ref)``."""
+        answer = self.answer_instruction or instruction or DEFAULT_ANSWER_INSTRUCTION
+        return (
+            f"{self.template}\n\nProblem:\n{problem}\n\n"
+            f"Candidate solution 1:\n{attempt}\n\nCandidate solution 2:\n{reference}\n\n{answer}"
+        )
+
+    def correction_prompt_ids(self, tokenizer, prompt, attempt: str, reference: str) -> list[int]:
+        text = self.correction_prompt_text(prompt.problem, attempt, reference, prompt.meta.get("instruction"))
+        if getattr(tokenizer, "chat_template", None):
+            messages = []
+            if prompt.meta.get("system_prompt"):
+                messages.append({"role": "system", "content": prompt.meta["system_prompt"]})
+            messages.append({"role": "user", "content": text})
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return tokenizer(text, add_special_tokens=False).input_ids
+        return tokenizer(text).input_ids

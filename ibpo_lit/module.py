@@ -1,0 +1,388 @@
+"""``IBPOModule``: the LightningModule that sequences one GSPO(+IBPO) training step.
+
+One ``training_step`` is one rollout batch (see README, "One training step"):
+
+1. sample ``G`` responses per prompt with the rollout engine;
+2. score them with the verifier (``None`` becomes NaN: unscorable, ignored by statistics);
+3. hand a ``ScoredRollouts`` to every callback that defines
+   ``on_rollouts_scored(trainer, pl_module, step)``, in callback order. This is the one hook
+   Lightning lacks between "rollouts are scored" and "loss is computed"; the
+   ``callbacks.CorrectionRollouts`` callback fills ``step.corrections`` there. Removing that
+   callback turns corrections off;
+4. shape rewards (IBPO) and compute group advantages;
+5. update the policy: ``num_mini_batches`` optimizer steps, each accumulated over
+   micro-batches whose losses sum exactly to the mini-batch loss.
+
+The module holds no formula: every one lives in ``ibpo_lit.algorithms``.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from typing import Any, Optional
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
+
+from ibpo_lit.algorithms.advantages import grouped_advantages
+from ibpo_lit.algorithms.registry import POLICY_LOSSES
+from ibpo_lit.algorithms.schedule import warmup_cosine
+from ibpo_lit.algorithms.shaping import shape_rewards
+from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
+from ibpo_lit.data.prompt import Prompt
+from ibpo_lit.models.loading import load_policy
+from ibpo_lit.policy_logprobs import response_logprobs
+from ibpo_lit.rewards import get_reward
+from ibpo_lit.rollout.batch import RolloutBatch
+from ibpo_lit.rollout.hf import HFRolloutEngine
+from ibpo_lit.seeding import MAIN_ROLLOUTS, rollout_seeds
+from ibpo_lit.step import ScoredRollouts
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive optimizer steps had a non-finite loss or gradient norm."""
+
+
+class IBPOModule(L.LightningModule):
+    """GSPO with IBPO reward shaping on any Hugging Face causal LM.
+
+    Args:
+        model: A Hugging Face model id, a local model directory, or a built-in name
+            (``tiny-llama``: a small random model made in code, for tests).
+        dtype: Weights' dtype when loading (``float32`` or ``bfloat16``); mixed precision
+            is ``trainer.precision``.
+        algorithm: Loss, advantages and IBPO shaping.
+        rollout: Sampling and how the rollout batch is split into updates.
+        optim: Optimizer and learning-rate schedule.
+        reward: Verifier by name (``math``: math-verify against the gold answer).
+        max_nonfinite_steps: Stop after this many consecutive steps whose loss or gradient
+            norm is not finite (each one is skipped and counted).
+        gradient_checkpointing: Recompute activations in the backward pass to save memory.
+    """
+
+    def __init__(
+        self,
+        model: str = "tiny-llama",
+        dtype: str = "float32",
+        algorithm: Optional[AlgorithmConfig] = None,
+        rollout: Optional[RolloutConfig] = None,
+        optim: Optional[OptimConfig] = None,
+        reward: str = "math",
+        max_nonfinite_steps: int = 5,
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        super().__init__()
+        self.model_name = model
+        self.dtype_name = dtype
+        self.algorithm = algorithm or AlgorithmConfig()
+        self.rollout_cfg = rollout or RolloutConfig()
+        self.optim_cfg = optim or OptimConfig()
+        self.reward_name = reward
+        self.reward_fn = get_reward(reward)  # fails now, listing valid names, on a typo
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.gradient_checkpointing = gradient_checkpointing
+        self.loss_fn = POLICY_LOSSES.get(self.algorithm.loss)
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+
+        self.policy: Optional[torch.nn.Module] = None
+        self.ref_policy: Optional[torch.nn.Module] = None
+        self.tokenizer = None
+        self.engine = None
+        self.rollout_step = 0  # rollout batches done; saved in checkpoints (seeds depend on it)
+        self._nonfinite_run = 0
+        self._nonfinite_total = 0
+        self._warned_no_corrections = False
+
+    # ----------------------------------------------------------------- setup
+    def configure_model(self) -> None:
+        # Called by Lightning inside the strategy's context (FSDP shards from here); loading
+        # here rather than in __init__ also means a bad config fails before any weights load.
+        if self.policy is not None:
+            return
+        self.policy, self.tokenizer = load_policy(self.model_name, dtype=self.dtype_name, seed=self.rollout_cfg.seed)
+        if self.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable()
+        if self.algorithm.beta_kl > 0:
+            self.ref_policy = copy.deepcopy(self.policy).requires_grad_(False).eval()
+        self.engine = HFRolloutEngine(
+            self.policy,
+            eos_token_ids=self._eos_token_ids(),
+            pad_token_id=self.tokenizer.pad_token_id,
+            sampling=self.rollout_cfg.sampling,
+        )
+
+    def _eos_token_ids(self) -> list[int]:
+        ids = {self.tokenizer.eos_token_id}
+        gen_eos = getattr(getattr(self.policy, "generation_config", None), "eos_token_id", None)
+        if gen_eos is not None:
+            ids.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
+        return sorted(i for i in ids if i is not None)
+
+    def configure_optimizers(self):
+        cfg = self.optim_cfg
+        total = cfg.total_steps or (self.trainer.max_steps if self.trainer.max_steps > 0 else None)
+        if total is None:
+            raise ValueError(
+                "set trainer.max_steps (or optim.total_steps): the cosine schedule needs the number of optimizer steps"
+            )
+        warmup = int(round(cfg.warmup_ratio * total))
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: warmup_cosine(step, total, warmup, cfg.min_lr_ratio)
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------ one step
+    def training_step(self, prompts: list[Prompt], batch_idx: int) -> None:
+        t_start = time.perf_counter()
+        G = self.rollout_cfg.group_size
+        step_index = self.rollout_step
+
+        # 1. rollouts
+        seeds = rollout_seeds(self.rollout_cfg.seed, step_index, MAIN_ROLLOUTS, len(prompts) * G)
+        rollouts = self.engine.generate([p.prompt_ids for p in prompts], n=G, seeds=seeds)
+        texts = self.tokenizer.batch_decode(rollouts.response_lists(), skip_special_tokens=True)
+        t_generated = time.perf_counter()
+
+        # 2. rewards
+        group = rollouts.group_index.tolist()
+        rewards = self.score(texts, [prompts[g] for g in group])
+        step = ScoredRollouts(prompts=prompts, rollouts=rollouts, texts=texts, rewards=rewards, step=step_index)
+
+        # 3. callbacks that act between scoring and the loss (corrections)
+        for callback in self._rollout_hooks():
+            callback.on_rollouts_scored(self.trainer, self, step)
+        t_corrected = time.perf_counter()
+
+        # 4. shaping and advantages
+        batch, advantages, token_weights, metrics = self._assemble_training_batch(step)
+
+        # 5. updates
+        metrics.update(self._update(batch, advantages, token_weights))
+        t_end = time.perf_counter()
+
+        generated = int(rollouts.response_mask.sum())
+        if step.corrections is not None:
+            generated += step.corrections.generated_tokens
+        metrics.update(
+            {
+                "train/response_len": rollouts.response_lengths.float().mean().item(),
+                "train/truncated_frac": 1.0 - rollouts.finished.float().mean().item(),
+                "train/tokens_per_s": generated / max(t_end - t_start, 1e-9),
+                "timing/generate_s": t_generated - t_start,
+                "timing/correct_s": t_corrected - t_generated,
+                "timing/update_s": t_end - t_corrected,
+                "timing/step_s": t_end - t_start,
+            }
+        )
+        self._log_metrics(metrics)
+        self.rollout_step += 1
+
+    def score(self, texts: list[str], prompts: list[Prompt]) -> Tensor:
+        """Verifier rewards, [len(texts)] float on the CPU; NaN where a text cannot be scored."""
+        values = [self.reward_fn(text, prompt.gold) for text, prompt in zip(texts, prompts)]
+        return torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
+
+    def _rollout_hooks(self) -> list:
+        return [cb for cb in self.trainer.callbacks if callable(getattr(cb, "on_rollouts_scored", None))]
+
+    def _assemble_training_batch(self, step: ScoredRollouts):
+        """Shaped rewards -> advantages for the rollouts, plus the correction samples when
+        they are trained jointly. Returns (batch, advantages [N], token_weights [N, Lr] or
+        None, metrics)."""
+        algo = self.algorithm
+        rollouts, rewards = step.rollouts, step.rewards
+        corrections = step.corrections
+        metrics: dict[str, float] = {"train/reward": _nanmean(rewards), "train/unscorable": float(rewards.isnan().sum())}
+
+        shaped, token_weights = rewards, None
+        if algo.ibpo != "none" and corrections is None and not self._warned_no_corrections:
+            rank_zero_warn(
+                f"algorithm.ibpo={algo.ibpo!r} but no callback produced corrections (add "
+                "callbacks.CorrectionRollouts to trainer.callbacks): training without IBPO shaping."
+            )
+            self._warned_no_corrections = True
+        if algo.ibpo != "none" and corrections is not None:
+            result = shape_rewards(
+                rewards,
+                corrections.rewards,
+                corrections.rewrite,
+                corrections.kept_mask.cpu(),
+                rollouts.response_mask.cpu(),
+                variant=algo.ibpo,
+                lam=algo.ibpo_lambda,
+                beta=algo.ibpo_beta,
+            )
+            shaped, token_weights = result.shaped_rewards, result.token_weights
+            metrics["train/shaped_frac"] = float((result.delta > 0).float().mean())
+        metrics["train/shaped_reward"] = _nanmean(shaped)
+        if corrections is not None:
+            metrics.update(corrections.metrics)
+
+        advantages = grouped_advantages(shaped, rollouts.group_index.cpu(), scale=algo.advantage_scale)
+        batch = rollouts
+        if corrections is not None and corrections.train_batch is not None and len(corrections.train_batch):
+            extra = corrections.train_batch
+            # Correction groups are numbered after the prompts' so the two never mix.
+            extra_groups = extra.group_index + int(rollouts.group_index.max()) + 1
+            extra_adv = grouped_advantages(
+                corrections.train_rewards, extra_groups.cpu(), scale=algo.advantage_scale
+            )
+            batch = RolloutBatch.concat([rollouts, extra], pad_token_id=self.tokenizer.pad_token_id)
+            advantages = torch.cat([advantages, extra_adv])
+            if token_weights is not None:
+                lr = batch.response_ids.shape[1]
+                token_weights = torch.cat(
+                    [
+                        torch.nn.functional.pad(token_weights, (0, lr - token_weights.shape[1]), value=1.0),
+                        torch.ones(len(extra), lr),
+                    ]
+                )
+            metrics["train/correction_reward"] = _nanmean(corrections.train_rewards)
+        metrics["train/zero_adv_frac"] = float((advantages == 0).float().mean())
+        return batch, advantages, token_weights, metrics
+
+    # -------------------------------------------------------------- updates
+    def _update(self, batch: RolloutBatch, advantages: Tensor, token_weights: Optional[Tensor]) -> dict[str, float]:
+        """``num_mini_batches`` optimizer steps over ``batch``; returns averaged metrics."""
+        cfg = self.rollout_cfg
+        device = self.device
+        batch = batch.to(device)
+        advantages = advantages.to(device)
+        if token_weights is not None:
+            token_weights = token_weights.to(device)
+
+        old_logp = None
+        if cfg.old_logp == "rollout":
+            old_logp = batch.rollout_logp
+        elif cfg.num_mini_batches > 1:
+            # pi_old must be the policy before the first update of this batch.
+            old_logp = self._logprobs_no_grad(self.policy, batch)
+
+        n = len(batch)
+        generator = torch.Generator().manual_seed(cfg.seed * 7919 + self.rollout_step)
+        order = torch.randperm(n, generator=generator) if cfg.num_mini_batches > 1 else torch.arange(n)
+        totals: dict[str, float] = {}
+        for mini in order.chunk(cfg.num_mini_batches):
+            for key, value in self._mini_batch_step(batch, mini.to(device), advantages, token_weights, old_logp).items():
+                totals[key] = totals.get(key, 0.0) + value / cfg.num_mini_batches
+        return totals
+
+    def _mini_batch_step(self, batch, rows, advantages, token_weights, old_logp) -> dict[str, float]:
+        cfg, algo = self.rollout_cfg, self.algorithm
+        optimizer = self.optimizers()
+        scheduler = self.lr_schedulers()
+        optimizer.zero_grad(set_to_none=True)
+
+        # Global denominators: every micro-batch loss is a share of the mini-batch loss.
+        num_seqs = float(len(rows))
+        num_tokens = float(batch.response_mask[rows].sum())
+        # A row with zero advantage contributes exactly zero loss and gradient (without a
+        # KL term): skip its forward pass, but keep it in the denominators above.
+        active = rows[advantages[rows] != 0] if algo.beta_kl == 0 else rows
+        lengths = batch.response_mask[active].sum(dim=1) + batch.prompt_mask[active].sum(dim=1)
+        active = active[torch.argsort(lengths, stable=True)]  # similar lengths share a micro-batch: less padding
+
+        loss_total, weighted = 0.0, {}
+        # (torch.split of an empty tensor yields one empty chunk, hence the guard)
+        for micro in active.split(cfg.micro_batch_size) if len(active) else ():
+            sub = batch.select(micro)
+            logp = response_logprobs(self.policy, sub, self._temperature)
+            old = old_logp[micro][:, : logp.shape[1]] if old_logp is not None else logp.detach()
+            kwargs: dict[str, Any] = {"eps_low": algo.eps_low, "eps_high": algo.eps_high}
+            if algo.loss == "grpo":
+                if algo.agg_mode is not None:
+                    kwargs["agg_mode"] = algo.agg_mode
+                if algo.beta_kl > 0:
+                    kwargs["beta_kl"] = algo.beta_kl
+                    kwargs["ref_logp"] = self._logprobs_no_grad(self.ref_policy, sub)
+            weights = token_weights[micro][:, : logp.shape[1]] if token_weights is not None else None
+            loss, metrics = self.loss_fn(
+                logp,
+                old,
+                advantages[micro],
+                sub.response_mask,
+                token_weights=weights,
+                num_seqs=num_seqs,
+                num_tokens=num_tokens,
+                **kwargs,
+            )
+            self.manual_backward(loss)
+            loss_total += float(loss.detach())
+            for key, value in metrics.items():
+                weighted[key] = weighted.get(key, 0.0) + float(value) * len(micro)
+
+        grad_norm = self._clip_and_check()
+        finite = math.isfinite(loss_total) and math.isfinite(grad_norm)
+        if not finite:
+            # Skip the update but keep the step count: params with no grad are left as they are.
+            optimizer.zero_grad(set_to_none=True)
+            self._nonfinite_run += 1
+            self._nonfinite_total += 1
+            if self._nonfinite_run >= self.max_nonfinite_steps:
+                raise NonFiniteError(
+                    f"{self._nonfinite_run} consecutive optimizer steps had a non-finite loss ({loss_total}) "
+                    f"or gradient norm ({grad_norm}); stopping. Lower optim.lr, check trainer.precision, "
+                    "or raise max_nonfinite_steps."
+                )
+        else:
+            self._nonfinite_run = 0
+        optimizer.step()
+        scheduler.step()
+
+        out = {f"train/{k}": v / max(len(active), 1) for k, v in weighted.items()}
+        out.update(
+            {
+                "train/loss": loss_total,
+                "train/grad_norm": grad_norm,
+                "train/lr": scheduler.get_last_lr()[0],
+                "train/nonfinite_steps": float(self._nonfinite_total),
+            }
+        )
+        return out
+
+    def _clip_and_check(self) -> float:
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    @property
+    def _temperature(self) -> float:
+        return self.rollout_cfg.sampling.temperature
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, model: torch.nn.Module, batch: RolloutBatch) -> Tensor:
+        chunks = []
+        for rows in torch.arange(len(batch), device=batch.response_ids.device).split(self.rollout_cfg.micro_batch_size):
+            logp = response_logprobs(model, batch.select(rows), self._temperature)
+            chunks.append(torch.nn.functional.pad(logp, (0, batch.response_ids.shape[1] - logp.shape[1])))
+        return torch.cat(chunks)
+
+    # ----------------------------------------------------------- logging/ckpt
+    def _log_metrics(self, metrics: dict[str, float]) -> None:
+        bar = {"train/reward", "train/correction_success"}
+        for key, value in metrics.items():
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                continue
+            self.log(key, float(value), on_step=True, prog_bar=key in bar, batch_size=1)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["ibpo_lit"] = {"rollout_step": self.rollout_step, "nonfinite_total": self._nonfinite_total}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint.get("ibpo_lit", {})
+        self.rollout_step = state.get("rollout_step", 0)
+        self._nonfinite_total = state.get("nonfinite_total", 0)
+        self.configure_model()
+
+
+def _nanmean(values: Tensor) -> float:
+    finite = values[~values.isnan()]
+    return float(finite.mean()) if finite.numel() else math.nan

@@ -1,0 +1,21 @@
+"""Per-rollout seeds: a pure function of (base seed, rollout step, stream, row), so that a
+resumed run samples exactly what an uninterrupted one would."""
+from __future__ import annotations
+
+# Streams keep the seeds of different samplers of one step apart.
+MAIN_ROLLOUTS = 0
+CORRECTIONS = 1
+REFERENCE_CHOICE = 2
+
+_MOD = 2**62
+
+
+def rollout_seeds(base: int, step: int, stream: int, count: int) -> list[int]:
+    """``count`` distinct seeds for one stream of one step.
+
+    Rows of a step are consecutive integers above a per-(base, step, stream) offset spaced
+    2**20 apart, so no two rows of a run share a seed while a step has fewer than a million
+    rows.
+    """
+    offset = ((base * 1_000_003 + step) * 8 + stream) * 2**20
+    return [(offset + row) % _MOD for row in range(count)]

@@ -1,0 +1,41 @@
+"""What one training step knows after its rollouts are scored.
+
+The module builds a ``ScoredRollouts`` and hands it to every callback that defines
+``on_rollouts_scored(trainer, pl_module, step)`` (see ``IBPOModule.training_step``); the
+correction callback fills ``step.corrections`` there. Shapes: ``P`` prompts, ``B = P * G``
+responses, ``Lr`` padded response length, ``C`` correction samples.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+from ibpo_lit.data.prompt import Prompt
+from ibpo_lit.rollout.batch import RolloutBatch
+
+
+@dataclass
+class Corrections:
+    """Compare-and-correct outcomes for the rows of a step (METHOD section 5)."""
+
+    rewards: Tensor  # [B] float, r(x, y^) of the correction used for shaping; NaN where the
+    #                  row got no correction (correct rows) or the correction was unscorable
+    rewrite: Tensor  # [B] bool, the correction is a full rewrite (earns no shaping)
+    kept_mask: Tensor  # [B, Lr] bool, positions of y_i the correction kept unchanged
+    distance: Tensor  # [B] float, d(y_i, y^); NaN where no correction
+    alpha: float  # rewrite threshold used for this step (fixed or adaptive)
+    train_batch: RolloutBatch | None = None  # [C, ...] correction samples to train jointly
+    train_rewards: Tensor | None = None  # [C] float, their rewards (NaN = unscorable)
+    generated_tokens: int = 0  # tokens the correction rollouts generated (compute accounting)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ScoredRollouts:
+    prompts: list[Prompt]  # P prompts of this step
+    rollouts: RolloutBatch  # B = P * G responses, prompt-major
+    texts: list[str]  # B decoded responses
+    rewards: Tensor  # [B] float, 1/0 from the verifier, NaN = unscorable
+    step: int  # rollout step index (0-based), the seed base for everything sampled here
+    corrections: Corrections | None = None  # filled by the correction callback

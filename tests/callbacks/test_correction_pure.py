@@ -1,0 +1,60 @@
+"""The correction callback's pure pieces: reference choice and the prompt it builds."""
+import math
+
+import pytest
+
+from callbacks.correction import DEFAULT_TEMPLATE, CorrectionRollouts
+
+nan = math.nan
+
+
+def test_reference_is_a_correct_rollout_when_the_group_has_one():
+    rewards = [1, 0, 0, nan, 0, 0, 0, 0, 1, 1, 1, 1]
+    groups = [0] * 4 + [1] * 4 + [2] * 4
+    pairs = CorrectionRollouts.choose_references(rewards, groups, seed=0, step=0)
+    by_row = dict(pairs)
+    # group 0: rows 1 and 2 are wrong, row 0 is its only correct one; row 3 is unscorable
+    assert by_row[1] == 0 and by_row[2] == 0 and 3 not in by_row and 0 not in by_row
+    # group 1: all wrong -> each gets another wrong row of its own group, never itself
+    for i in (4, 5, 6, 7):
+        assert by_row[i] in {4, 5, 6, 7} - {i}
+    # group 2: all correct -> nothing to correct
+    assert not {8, 9, 10, 11} & set(by_row)
+    assert sorted(by_row) == [1, 2, 4, 5, 6, 7]
+
+
+def test_reference_choice_is_uniform_and_reproducible():
+    rewards, groups = [1, 1, 0], [0, 0, 0]
+    picks = [CorrectionRollouts.choose_references(rewards, groups, seed=3, step=s)[0][1] for s in range(2000)]
+    share = picks.count(0) / len(picks)
+    assert 0.45 < share < 0.55  # binomial(2000, .5): std 0.011
+    again = [CorrectionRollouts.choose_references(rewards, groups, seed=3, step=s)[0][1] for s in range(2000)]
+    assert picks == again
+
+
+def test_lone_wrong_rollout_gets_no_partner():
+    assert CorrectionRollouts.choose_references([0, nan], [0, 0], seed=0, step=0) == []
+
+
+def test_prompt_text_quotes_problem_attempt_reference_and_instruction():
+    cb = CorrectionRollouts()
+    text = cb.correction_prompt_text("What is 2 + 2?", "It is 5.", "It is 4.", "Answer after ####.")
+    assert text.startswith(DEFAULT_TEMPLATE)
+    assert text.index("What is 2 + 2?") < text.index("It is 5.") < text.index("It is 4.") < text.index("Answer after ####.")
+    overridden = CorrectionRollouts(answer_instruction="Box it.").correction_prompt_text("p", "a", "b", "Answer after ####.")
+    assert overridden.endswith("Box it.")
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"alpha": 1.5}, "alpha"),
+        ({"alpha": "sometimes"}, "alpha"),
+        ({"corrections_per_input": 0}, "corrections_per_input"),
+        ({"grouping": "input"}, "grouping"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+    ],
+)
+def test_bad_settings_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        CorrectionRollouts(**kwargs)
