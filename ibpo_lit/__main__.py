@@ -25,14 +25,16 @@ class IBPOCLI(LightningCLI):
         parser.link_arguments("model.model", "data.tokenizer")
 
 
-def main(args: list[str] | None = None) -> IBPOCLI:
+def main(args: list[str] | None = None, run: bool = True) -> IBPOCLI:
+    """Parse ``args`` (default: the command line) and run the subcommand; ``run=False``
+    parses a config without a subcommand and only instantiates (used to check configs)."""
     return IBPOCLI(
         IBPOModule,
         PromptDataModule,
         args=args,
+        run=run,
         save_config_kwargs={"overwrite": True},
         trainer_defaults={"default_root_dir": "runs/default", "log_every_n_steps": 1},
-        parser_kwargs={"fit": {"default_config_files": []}},
     )
 
 

@@ -67,9 +67,9 @@ class IBPOModule(L.LightningModule):
         self,
         model: str = "tiny-llama",
         dtype: str = "float32",
-        algorithm: Optional[AlgorithmConfig] = None,
-        rollout: Optional[RolloutConfig] = None,
-        optim: Optional[OptimConfig] = None,
+        algorithm: AlgorithmConfig = AlgorithmConfig(),  # noqa: B008 - frozen in use, never mutated
+        rollout: RolloutConfig = RolloutConfig(),  # noqa: B008
+        optim: OptimConfig = OptimConfig(),  # noqa: B008
         reward: str = "math",
         max_nonfinite_steps: int = 5,
         gradient_checkpointing: bool = False,
@@ -77,9 +77,9 @@ class IBPOModule(L.LightningModule):
         super().__init__()
         self.model_name = model
         self.dtype_name = dtype
-        self.algorithm = algorithm or AlgorithmConfig()
-        self.rollout_cfg = rollout or RolloutConfig()
-        self.optim_cfg = optim or OptimConfig()
+        self.algorithm = algorithm
+        self.rollout_cfg = rollout
+        self.optim_cfg = optim
         self.reward_name = reward
         self.reward_fn = get_reward(reward)  # fails now, listing valid names, on a typo
         self.max_nonfinite_steps = max_nonfinite_steps
@@ -107,7 +107,8 @@ class IBPOModule(L.LightningModule):
         if self.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
         if self.algorithm.beta_kl > 0:
-            self.ref_policy = copy.deepcopy(self.policy).requires_grad_(False).eval()
+            # Frozen copy of the initial policy; dropout is already off (see load_policy).
+            self.ref_policy = copy.deepcopy(self.policy).requires_grad_(False)
         self.engine = HFRolloutEngine(
             self.policy,
             eos_token_ids=self._eos_token_ids(),
