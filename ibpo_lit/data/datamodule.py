@@ -53,7 +53,7 @@ class PromptDataModule(L.LightningDataModule):
         tokenizer: Model name or path whose tokenizer renders and tokenizes the prompts (the CLI
             links it to the model's name).
         source: Where problems come from: "arithmetic" (synthetic, made in code) or "jsonl"
-            (a file given by train_path).
+            (a file given by train_path). Unset: "jsonl" when train_path is given, else "arithmetic".
         train_path: JSONL file of training problems; required when source is "jsonl".
         question_key: JSONL field holding the problem text ("problem" for MATH-style files).
         answer_key: JSONL field holding the answer.
@@ -77,7 +77,7 @@ class PromptDataModule(L.LightningDataModule):
     def __init__(
         self,
         tokenizer: str = "tiny-llama",
-        source: Literal["arithmetic", "jsonl"] = "arithmetic",
+        source: Literal["arithmetic", "jsonl"] | None = None,
         train_path: str | None = None,
         question_key: str = "question",
         answer_key: str = "answer",
@@ -94,17 +94,19 @@ class PromptDataModule(L.LightningDataModule):
         task: str = "math",
     ):
         super().__init__()
+        if source is None:  # `--data.train_path FILE` alone means: train on that file
+            source = "jsonl" if train_path else "arithmetic"
         _check_choice("source", source, SOURCES)
         _check_choice("answer_format", answer_format, ANSWER_FORMATS)
         _check_choice("on_bad_record", on_bad_record, BAD_RECORD_POLICIES)
         _check_choice("on_long_prompt", on_long_prompt, LONG_PROMPT_POLICIES)
         if source == "jsonl":
             if not train_path:
-                raise ValueError("train_path is required when source='jsonl'")
+                raise ValueError("data.train_path is required when data.source='jsonl'")
             if not Path(train_path).is_file():
-                raise FileNotFoundError(f"train_path: no such file: {train_path}")
+                raise FileNotFoundError(f"data.train_path: no such file: {train_path}")
         elif train_path:
-            raise ValueError(f"train_path is only read when source='jsonl' (source={source!r})")
+            raise ValueError(f"data.train_path is only read when data.source='jsonl' (data.source={source!r})")
         for name, value, low in (("prompts_per_step", prompts_per_step, 1),
                                  ("max_prompt_tokens", max_prompt_tokens, 1),
                                  ("num_workers", num_workers, 0)):
