@@ -148,6 +148,7 @@ class CorrectionRollouts(Callback):
             out.train_batch = replace(batch, group_index=train_groups.to(batch.group_index.device))
             out.train_rewards = scores
         out.generated_tokens = int(batch.response_mask.sum())
+        out.prompt_tokens = int(batch.prompt_mask.sum())
         n_success = len(success)
         scored = scores[~scores.isnan()]
         out.metrics = {

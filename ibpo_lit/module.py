@@ -39,7 +39,7 @@ from ibpo_lit.rewards import get_reward
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.rollout.hf import HFRolloutEngine
 from ibpo_lit.seeding import MAIN_ROLLOUTS, rollout_seeds
-from ibpo_lit.step import ScoredRollouts
+from ibpo_lit.step import ScoredRollouts, UpdateBatch
 
 
 class NonFiniteError(RuntimeError):
@@ -96,6 +96,7 @@ class IBPOModule(L.LightningModule):
         self._nonfinite_run = 0
         self._nonfinite_total = 0
         self._warned_no_corrections = False
+        self.step_stats: dict[str, float] = {}  # token counts and seconds of the last step (compute accounting)
 
     # ----------------------------------------------------------------- setup
     def configure_model(self) -> None:
@@ -156,28 +157,38 @@ class IBPOModule(L.LightningModule):
         step = ScoredRollouts(prompts=prompts, rollouts=rollouts, texts=texts, rewards=rewards, step=step_index)
 
         # 3. callbacks that act between scoring and the loss (corrections)
-        for callback in self._rollout_hooks():
-            callback.on_rollouts_scored(self.trainer, self, step)
+        self._call_step_hooks("on_rollouts_scored", step)
         t_corrected = time.perf_counter()
 
-        # 4. shaping and advantages
-        batch, advantages, token_weights, metrics = self._assemble_training_batch(step)
+        # 4. shaping and advantages; then callbacks that read the finished step
+        metrics = self._shape_and_assemble(step)
+        self._call_step_hooks("on_before_update", step)
+        t_hooks = time.perf_counter()
 
         # 5. updates
-        metrics.update(self._update(batch, advantages, token_weights))
+        metrics.update(self._update(step.update))
         t_end = time.perf_counter()
 
+        correction_tokens = step.corrections.generated_tokens if step.corrections is not None else 0
         generated = int(rollouts.response_mask.sum())
-        if step.corrections is not None:
-            generated += step.corrections.generated_tokens
+        self.step_stats.update(
+            {
+                "prompt_tokens": int(rollouts.prompt_mask.sum()),
+                "generated_tokens": generated,
+                "correction_tokens": correction_tokens,
+                "correction_prompt_tokens": step.corrections.prompt_tokens if step.corrections is not None else 0,
+                "step_seconds": t_end - t_start,
+            }
+        )
         metrics.update(
             {
                 "train/response_len": rollouts.response_lengths.float().mean().item(),
                 "train/truncated_frac": 1.0 - rollouts.finished.float().mean().item(),
-                "train/tokens_per_s": generated / max(t_end - t_start, 1e-9),
+                "train/tokens_per_s": (generated + correction_tokens) / max(t_end - t_start, 1e-9),
                 "timing/generate_s": t_generated - t_start,
                 "timing/correct_s": t_corrected - t_generated,
-                "timing/update_s": t_end - t_corrected,
+                "timing/callbacks_s": t_hooks - t_corrected,
+                "timing/update_s": t_end - t_hooks,
                 "timing/step_s": t_end - t_start,
             }
         )
@@ -189,19 +200,25 @@ class IBPOModule(L.LightningModule):
         values = [self.reward_fn(text, prompt.gold) for text, prompt in zip(texts, prompts)]
         return torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
 
-    def _rollout_hooks(self) -> list:
-        return [cb for cb in self.trainer.callbacks if callable(getattr(cb, "on_rollouts_scored", None))]
+    def _call_step_hooks(self, name: str, step: ScoredRollouts) -> None:
+        """ibpo-lit's own callback hooks, called in callback order on every callback that
+        defines them: ``on_rollouts_scored`` (rewards known, loss not yet: corrections) and
+        ``on_before_update`` (advantages known: metrics, gradient variance)."""
+        for callback in self.trainer.callbacks:
+            hook = getattr(callback, name, None)
+            if callable(hook):
+                hook(self.trainer, self, step)
 
-    def _assemble_training_batch(self, step: ScoredRollouts):
+    def _shape_and_assemble(self, step: ScoredRollouts) -> dict[str, float]:
         """Shaped rewards -> advantages for the rollouts, plus the correction samples when
-        they are trained jointly. Returns (batch, advantages [N], token_weights [N, Lr] or
-        None, metrics)."""
+        they are trained jointly; fills ``step.shaped_rewards``, ``step.delta`` and
+        ``step.update`` and returns metrics."""
         algo = self.algorithm
         rollouts, rewards = step.rollouts, step.rewards
         corrections = step.corrections
         metrics: dict[str, float] = {"train/reward": _nanmean(rewards), "train/unscorable": float(rewards.isnan().sum())}
 
-        shaped, token_weights = rewards, None
+        shaped, token_weights, delta = rewards, None, torch.zeros_like(rewards)
         if algo.ibpo != "none" and corrections is None and not self._warned_no_corrections:
             rank_zero_warn(
                 f"algorithm.ibpo={algo.ibpo!r} but no callback produced corrections (add "
@@ -219,7 +236,7 @@ class IBPOModule(L.LightningModule):
                 lam=algo.ibpo_lambda,
                 beta=algo.ibpo_beta,
             )
-            shaped, token_weights = result.shaped_rewards, result.token_weights
+            shaped, token_weights, delta = result.shaped_rewards, result.token_weights, result.delta
             metrics["train/shaped_frac"] = float((result.delta > 0).float().mean())
         metrics["train/shaped_reward"] = _nanmean(shaped)
         if corrections is not None:
@@ -246,17 +263,19 @@ class IBPOModule(L.LightningModule):
                 )
             metrics["train/correction_reward"] = _nanmean(corrections.train_rewards)
         metrics["train/zero_adv_frac"] = float((advantages == 0).float().mean())
-        return batch, advantages, token_weights, metrics
+        step.shaped_rewards, step.delta = shaped, delta
+        step.update = UpdateBatch(batch=batch, advantages=advantages, token_weights=token_weights)
+        return metrics
 
     # -------------------------------------------------------------- updates
-    def _update(self, batch: RolloutBatch, advantages: Tensor, token_weights: Optional[Tensor]) -> dict[str, float]:
-        """``num_mini_batches`` optimizer steps over ``batch``; returns averaged metrics."""
+    def _update(self, update: UpdateBatch) -> dict[str, float]:
+        """``num_mini_batches`` optimizer steps over the update batch; returns averaged metrics."""
         cfg = self.rollout_cfg
         device = self.device
-        batch = batch.to(device)
-        advantages = advantages.to(device)
-        if token_weights is not None:
-            token_weights = token_weights.to(device)
+        batch = update.batch.to(device)
+        advantages = update.advantages.to(device)
+        token_weights = update.token_weights.to(device) if update.token_weights is not None else None
+        self.step_stats = {"trained_tokens": 0, "no_grad_tokens": 0}
 
         old_logp = None
         if cfg.old_logp == "rollout":
@@ -264,6 +283,7 @@ class IBPOModule(L.LightningModule):
         elif cfg.num_mini_batches > 1:
             # pi_old must be the policy before the first update of this batch.
             old_logp = self._logprobs_no_grad(self.policy, batch)
+            self.step_stats["no_grad_tokens"] += _sequence_tokens(batch)
 
         n = len(batch)
         generator = torch.Generator().manual_seed(cfg.seed * 7919 + self.rollout_step)
@@ -292,26 +312,13 @@ class IBPOModule(L.LightningModule):
         loss_total, weighted = 0.0, {}
         # (torch.split of an empty tensor yields one empty chunk, hence the guard)
         for micro in active.split(cfg.micro_batch_size) if len(active) else ():
-            sub = batch.select(micro)
-            logp = response_logprobs(self.policy, sub, self._temperature)
-            old = old_logp[micro][:, : logp.shape[1]] if old_logp is not None else logp.detach()
-            kwargs: dict[str, Any] = {"eps_low": algo.eps_low, "eps_high": algo.eps_high}
-            if algo.loss == "grpo":
-                if algo.agg_mode is not None:
-                    kwargs["agg_mode"] = algo.agg_mode
-                if algo.beta_kl > 0:
-                    kwargs["beta_kl"] = algo.beta_kl
-                    kwargs["ref_logp"] = self._logprobs_no_grad(self.ref_policy, sub)
-            weights = token_weights[micro][:, : logp.shape[1]] if token_weights is not None else None
-            loss, metrics = self.loss_fn(
-                logp,
-                old,
+            loss, metrics = self.policy_loss(
+                batch.select(micro),
                 advantages[micro],
-                sub.response_mask,
-                token_weights=weights,
+                token_weights[micro] if token_weights is not None else None,
+                old_logp[micro] if old_logp is not None else None,
                 num_seqs=num_seqs,
                 num_tokens=num_tokens,
-                **kwargs,
             )
             self.manual_backward(loss)
             loss_total += float(loss.detach())
@@ -346,6 +353,47 @@ class IBPOModule(L.LightningModule):
             }
         )
         return out
+
+    def policy_loss(
+        self,
+        batch: RolloutBatch,
+        advantages: Tensor,
+        token_weights: Optional[Tensor] = None,
+        old_logp: Optional[Tensor] = None,
+        num_seqs: Optional[float] = None,
+        num_tokens: Optional[float] = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Forward ``batch`` (trimmed to its own padding) and return the configured loss.
+
+        ``advantages`` [n]; ``token_weights`` and ``old_logp`` [n, >=Lr] (cut to the batch's
+        response length); ``old_logp=None`` means on-policy (``pi_old`` = this forward,
+        detached). ``num_seqs``/``num_tokens`` are the global denominators (default: this
+        batch's own), so several calls' losses add up to one batch's loss.
+        """
+        algo = self.algorithm
+        batch = batch.trimmed()
+        logp = response_logprobs(self.policy, batch, self._temperature)
+        width = logp.shape[1]
+        self.step_stats["trained_tokens"] = self.step_stats.get("trained_tokens", 0) + _sequence_tokens(batch)
+        old = old_logp[:, :width] if old_logp is not None else logp.detach()
+        kwargs: dict[str, Any] = {"eps_low": algo.eps_low, "eps_high": algo.eps_high}
+        if algo.loss == "grpo":
+            if algo.agg_mode is not None:
+                kwargs["agg_mode"] = algo.agg_mode
+            if algo.beta_kl > 0:
+                kwargs["beta_kl"] = algo.beta_kl
+                kwargs["ref_logp"] = self._logprobs_no_grad(self.ref_policy, batch)
+                self.step_stats["no_grad_tokens"] = self.step_stats.get("no_grad_tokens", 0) + _sequence_tokens(batch)
+        return self.loss_fn(
+            logp,
+            old,
+            advantages,
+            batch.response_mask,
+            token_weights=token_weights[:, :width] if token_weights is not None else None,
+            num_seqs=num_seqs if num_seqs is not None else float(len(batch)),
+            num_tokens=num_tokens if num_tokens is not None else float(batch.response_mask.sum()),
+            **kwargs,
+        )
 
     def _clip_and_check(self) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]
@@ -382,6 +430,11 @@ class IBPOModule(L.LightningModule):
         self.rollout_step = state.get("rollout_step", 0)
         self._nonfinite_total = state.get("nonfinite_total", 0)
         self.configure_model()
+
+
+def _sequence_tokens(batch: RolloutBatch) -> int:
+    """Real (unpadded) prompt + response tokens of a batch: what a forward pass processes."""
+    return int(batch.prompt_mask.sum()) + int(batch.response_mask.sum())
 
 
 def _nanmean(values: Tensor) -> float:

@@ -2,7 +2,9 @@
 
 The module builds a ``ScoredRollouts`` and hands it to every callback that defines
 ``on_rollouts_scored(trainer, pl_module, step)`` (see ``IBPOModule.training_step``); the
-correction callback fills ``step.corrections`` there. Shapes: ``P`` prompts, ``B = P * G``
+correction callback fills ``step.corrections`` there. Once rewards are shaped and advantages
+computed, callbacks that define ``on_before_update(trainer, pl_module, step)`` see the
+finished step (gradient-variance and correction metrics read it there). Shapes: ``P`` prompts, ``B = P * G``
 responses, ``Lr`` padded response length, ``C`` correction samples.
 """
 from __future__ import annotations
@@ -28,7 +30,17 @@ class Corrections:
     train_batch: RolloutBatch | None = None  # [C, ...] correction samples to train jointly
     train_rewards: Tensor | None = None  # [C] float, their rewards (NaN = unscorable)
     generated_tokens: int = 0  # tokens the correction rollouts generated (compute accounting)
+    prompt_tokens: int = 0  # tokens of the correction prompts (prefilled once per sample)
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class UpdateBatch:
+    """What the updates train on: the rollouts, plus the correction samples when trained jointly."""
+
+    batch: RolloutBatch  # N = B (+ C) rows
+    advantages: Tensor  # [N] float
+    token_weights: Tensor | None  # [N, Lr'] float, None = all ones
 
 
 @dataclass
@@ -39,3 +51,7 @@ class ScoredRollouts:
     rewards: Tensor  # [B] float, 1/0 from the verifier, NaN = unscorable
     step: int  # rollout step index (0-based), the seed base for everything sampled here
     corrections: Corrections | None = None  # filled by the correction callback
+    # Filled by the module before ``on_before_update`` hooks run:
+    shaped_rewards: Tensor | None = None  # [B] r + lambda * Delta (= rewards without IBPO)
+    delta: Tensor | None = None  # [B] Delta_i, the IBPO shaping term (0 without IBPO)
+    update: UpdateBatch | None = None

@@ -92,11 +92,11 @@ def test_gradient_matches_an_independent_per_sequence_computation(tmp_path, monk
     original_update = IBPOModule._update
     original_clip = IBPOModule._clip_and_check
 
-    def spy_update(self, batch, advantages, token_weights):
-        if "batch" not in captured and bool((advantages != 0).any()):
-            captured.update(batch=batch, advantages=advantages.clone(), policy=copy.deepcopy(self.policy))
+    def spy_update(self, update):
+        if "batch" not in captured and bool((update.advantages != 0).any()):
+            captured.update(batch=update.batch, advantages=update.advantages.clone(), policy=copy.deepcopy(self.policy))
             captured["temperature"] = self.rollout_cfg.sampling.temperature
-        return original_update(self, batch, advantages, token_weights)
+        return original_update(self, update)
 
     def spy_clip(self):
         if "batch" in captured and "grads" not in captured:
