@@ -1,8 +1,17 @@
-"""``python -m ibpo_lit fit --config configs/tiny.yaml``: LightningCLI wiring only."""
+"""``python -m ibpo_lit fit --config configs/tiny.yaml``: LightningCLI wiring only.
+
+Two subcommands of ibpo-lit's own sit beside LightningCLI's (fit, validate, ...):
+``fetch`` (download and convert a built-in model) and ``evaluate`` (avg@k / pass@k / maj@k
+on a math benchmark).
+"""
 from __future__ import annotations
 
 import os
+import sys
 
+import argparse
+
+from jsonargparse import DefaultHelpFormatter
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
@@ -25,9 +34,31 @@ class IBPOCLI(LightningCLI):
         parser.link_arguments("model.model", "data.tokenizer")
 
 
-def main(args: list[str] | None = None, run: bool = True) -> IBPOCLI:
+DESCRIPTION = """ibpo-lit: GSPO with IBPO counterfactual reward shaping.
+
+Subcommands: fit (train), validate/test/predict (Lightning's), and
+  fetch      download and convert a built-in model (python -m ibpo_lit fetch --help)
+  evaluate   avg@k, pass@k, maj@k on a math benchmark (python -m ibpo_lit evaluate --help)
+"""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultHelpFormatter):
+    """Keeps DESCRIPTION's line breaks."""
+
+
+def main(args: list[str] | None = None, run: bool = True):
     """Parse ``args`` (default: the command line) and run the subcommand; ``run=False``
-    parses a config without a subcommand and only instantiates (used to check configs)."""
+    parses a config without a subcommand and only instantiates (used to check configs).
+    Returns the LightningCLI, or the exit code of ``fetch``/``evaluate``."""
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] == ["fetch"]:
+        from ibpo_lit.models.fetch_cli import fetch_main
+
+        return fetch_main(argv[1:])
+    if argv[:1] == ["evaluate"]:
+        from ibpo_lit.evaluation.cli import evaluate_main
+
+        return evaluate_main(argv[1:])
     return IBPOCLI(
         IBPOModule,
         PromptDataModule,
@@ -35,8 +66,11 @@ def main(args: list[str] | None = None, run: bool = True) -> IBPOCLI:
         run=run,
         save_config_kwargs={"overwrite": True},
         trainer_defaults={"default_root_dir": "runs/default", "log_every_n_steps": 1},
+        parser_kwargs={"description": DESCRIPTION, "formatter_class": _HelpFormatter},
     )
 
 
 if __name__ == "__main__":
-    main()
+    result = main()
+    if isinstance(result, int):
+        sys.exit(result)

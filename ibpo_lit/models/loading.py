@@ -3,6 +3,9 @@
 What is covered:
     * Built-in names (``BUILTIN_MODELS``: ``tiny-llama``, ``tiny-qwen3``) build a random model
       in code; no files, no network.
+    * Fetched names (``FETCHED_MODELS``: ``smollm2-135m-instruct``) are downloaded and
+      converted once into a local cache (see ``smollm2.py``), then loaded from that directory
+      like any other; ``resolve_model_path`` gives the directory.
     * Anything else goes through ``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained``:
       a local directory written by ``save_pretrained``, or a hub id.
     * Errors a user can act on: a local-looking path that does not exist raises
@@ -29,6 +32,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from ibpo_lit.models.smollm2 import SMOLLM2_NAME, fetch_smollm2
 from ibpo_lit.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 BUILTIN_MODELS: dict[str, Callable[[int], PreTrainedModel]] = {
@@ -36,6 +40,9 @@ BUILTIN_MODELS: dict[str, Callable[[int], PreTrainedModel]] = {
     "tiny-qwen3": partial(build_tiny_model, arch="qwen3"),
 }
 """Built-in model name -> ``builder(seed) -> model``; all use ``build_tiny_tokenizer()``."""
+
+FETCHED_MODELS: dict[str, Callable[[], os.PathLike]] = {SMOLLM2_NAME: fetch_smollm2}
+"""Built-in name -> ``fetch() -> directory``: pretrained models converted once into a cache."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -59,8 +66,9 @@ def load_policy(
     """The model and tokenizer named by ``name_or_path``.
 
     Args:
-        name_or_path: A built-in name (see ``BUILTIN_MODELS``), a local directory holding a
-            ``save_pretrained`` model and tokenizer, or a Hugging Face hub id.
+        name_or_path: A built-in name (see ``BUILTIN_MODELS``, ``FETCHED_MODELS``), a local
+            directory holding a ``save_pretrained`` model and tokenizer, or a Hugging Face hub
+            id.
         dtype: Parameter dtype: ``float32``, ``bfloat16`` or ``float16``.
         seed: Weight seed of built-in models (ignored for pretrained ones).
 
@@ -72,8 +80,8 @@ def load_policy(
         model = BUILTIN_MODELS[name_or_path](seed).to(torch_dtype)
         return model, build_tiny_tokenizer()
 
-    source = _resolve(name_or_path)
-    with _hub_errors(name_or_path):
+    source = resolve_model_path(name_or_path)
+    with _hub_errors(source):
         tokenizer = AutoTokenizer.from_pretrained(source)
         config = AutoConfig.from_pretrained(source)
         disable_dropout(config)
@@ -89,8 +97,8 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """The tokenizer of ``load_policy(name_or_path)``, without loading weights."""
     if name_or_path in BUILTIN_MODELS:
         return build_tiny_tokenizer()
-    source = _resolve(name_or_path)
-    with _hub_errors(name_or_path):
+    source = resolve_model_path(name_or_path)
+    with _hub_errors(source):
         tokenizer = AutoTokenizer.from_pretrained(source)
     _ensure_pad_token(tokenizer)
     return tokenizer
@@ -131,8 +139,21 @@ def _looks_local(name_or_path: str) -> bool:
     return name_or_path.startswith((".", "/", "~")) or os.path.isdir(name_or_path)
 
 
-def _resolve(name_or_path: str) -> str:
-    """A local directory (checked to exist) or a hub id, as ``from_pretrained`` wants it."""
+def _builtin_names() -> str:
+    return ", ".join([*BUILTIN_MODELS, *FETCHED_MODELS])
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """What ``from_pretrained`` loads for ``name_or_path``: a local directory or a hub id.
+
+    A fetched built-in name (``smollm2-135m-instruct``) is fetched and converted on first use
+    and resolves to its cache directory; a local-looking path is checked to be a directory;
+    anything else is returned as a hub id. The in-code tiny models have no path: ``ValueError``.
+    """
+    if name_or_path in BUILTIN_MODELS:
+        raise ValueError(f"{name_or_path!r} is built in code and has no model path")
+    if name_or_path in FETCHED_MODELS:
+        return str(FETCHED_MODELS[name_or_path]())
     if not _looks_local(name_or_path):
         return name_or_path
     path = os.path.expanduser(name_or_path)
@@ -141,7 +162,7 @@ def _resolve(name_or_path: str) -> str:
         raise FileNotFoundError(
             f"model path {name_or_path!r} {what}: expected a directory written by "
             f"save_pretrained (config.json, weights and tokenizer files), a Hugging Face hub id, "
-            f"or a built-in name: {', '.join(BUILTIN_MODELS)}"
+            f"or a built-in name: {_builtin_names()}"
         )
     return path
 
@@ -156,7 +177,7 @@ def _hub_errors(name_or_path: str) -> Iterator[None]:
             raise
         raise OSError(
             f"could not load model {name_or_path!r} from the Hugging Face hub: {exc}; pass a "
-            f"local directory or a built-in name: {', '.join(BUILTIN_MODELS)}"
+            f"local directory or a built-in name: {_builtin_names()}"
         ) from exc
 
 
