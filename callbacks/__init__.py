@@ -1,4 +1,7 @@
 """Lightning callbacks of ibpo-lit. Each is independent; none imports another."""
+from callbacks.compute_budget import ComputeBudgetStopper
 from callbacks.correction import CorrectionRollouts
+from callbacks.correction_metrics import CorrectionMetrics
+from callbacks.gradient_variance import GradientVarianceLogger
 
-__all__ = ["CorrectionRollouts"]
+__all__ = ["ComputeBudgetStopper", "CorrectionMetrics", "CorrectionRollouts", "GradientVarianceLogger"]

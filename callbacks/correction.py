@@ -104,7 +104,7 @@ class CorrectionRollouts(Callback):
             alpha=float(self.alpha) if self.alpha != "adaptive" else math.nan,
         )
         if not pairs:
-            out.metrics = {"train/corrections": 0.0}
+            out.metrics = {"train/corrections": 0.0, "train/rewrite_rate": 0.0}
             step.corrections = out
             return
 
@@ -154,7 +154,8 @@ class CorrectionRollouts(Callback):
         out.metrics = {
             "train/corrections": float(len(texts)),
             "train/correction_success": float((scored == 1).float().mean()) if scored.numel() else math.nan,
-            "train/rewrite_rate": float(out.rewrite.sum()) / n_success if n_success else math.nan,
+            # share of successful corrections that are full rewrites; 0 when none succeeded
+            "train/rewrite_rate": float(out.rewrite.sum()) / max(n_success, 1),
             "train/correction_alpha": out.alpha,
             "train/correction_distance": float(out.distance.nanmean()),
         }

@@ -35,7 +35,7 @@ from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.models.loading import load_policy
 from ibpo_lit.policy_logprobs import response_logprobs
-from ibpo_lit.rewards import get_reward
+from ibpo_lit.rewards import RewardPool, get_reward
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.rollout.hf import HFRolloutEngine
 from ibpo_lit.seeding import MAIN_ROLLOUTS, rollout_seeds
@@ -58,6 +58,10 @@ class IBPOModule(L.LightningModule):
         rollout: Sampling and how the rollout batch is split into updates.
         optim: Optimizer and learning-rate schedule.
         reward: Verifier by name (``math``: math-verify against the gold answer).
+        reward_workers: Worker processes that run the verifier (each item killed at its timeout).
+        reward_timeout_s: Hard time limit per scored response; a response that runs past it (or
+            whose verifier raises or returns None) is unscorable: NaN, ignored by the group
+            statistics, counted in ``train/unscorable``.
         max_nonfinite_steps: Stop after this many consecutive steps whose loss or gradient
             norm is not finite (each one is skipped and counted).
         gradient_checkpointing: Recompute activations in the backward pass to save memory.
@@ -71,6 +75,8 @@ class IBPOModule(L.LightningModule):
         rollout: RolloutConfig = RolloutConfig(),  # noqa: B008
         optim: OptimConfig = OptimConfig(),  # noqa: B008
         reward: str = "math",
+        reward_workers: int = 1,
+        reward_timeout_s: float = 5.0,
         max_nonfinite_steps: int = 5,
         gradient_checkpointing: bool = False,
     ) -> None:
@@ -80,8 +86,15 @@ class IBPOModule(L.LightningModule):
         self.algorithm = algorithm
         self.rollout_cfg = rollout
         self.optim_cfg = optim
+        get_reward(reward)  # fails now, listing valid names, on a typo
+        if reward_workers < 1 or not reward_timeout_s > 0:
+            raise ValueError(
+                f"reward_workers must be >= 1 and reward_timeout_s > 0, got {reward_workers}, {reward_timeout_s}"
+            )
         self.reward_name = reward
-        self.reward_fn = get_reward(reward)  # fails now, listing valid names, on a typo
+        self.reward_workers = reward_workers
+        self.reward_timeout_s = reward_timeout_s
+        self._reward_pool: Optional[RewardPool] = None
         self.max_nonfinite_steps = max_nonfinite_steps
         self.gradient_checkpointing = gradient_checkpointing
         self.loss_fn = POLICY_LOSSES.get(self.algorithm.loss)
@@ -142,6 +155,8 @@ class IBPOModule(L.LightningModule):
     # ------------------------------------------------------------ one step
     def training_step(self, prompts: list[Prompt], batch_idx: int) -> None:
         t_start = time.perf_counter()
+        # Every forward of this step counts (callbacks' extra passes included).
+        self.step_stats = {"trained_tokens": 0, "no_grad_tokens": 0}
         G = self.rollout_cfg.group_size
         step_index = self.rollout_step
 
@@ -192,13 +207,24 @@ class IBPOModule(L.LightningModule):
                 "timing/step_s": t_end - t_start,
             }
         )
+        if self._reward_pool is not None:
+            stats = self._reward_pool.stats
+            metrics.update({"train/reward_timeouts": float(stats["timeout"]), "train/reward_errors": float(stats["error"])})
         self._log_metrics(metrics)
         self.rollout_step += 1
 
     def score(self, texts: list[str], prompts: list[Prompt]) -> Tensor:
-        """Verifier rewards, [len(texts)] float on the CPU; NaN where a text cannot be scored."""
-        values = [self.reward_fn(text, prompt.gold) for text, prompt in zip(texts, prompts)]
+        """Verifier rewards, [len(texts)] float on the CPU; NaN where a text cannot be scored
+        (timed out, raised, or returned None)."""
+        if self._reward_pool is None:
+            self._reward_pool = RewardPool(self.reward_name, num_workers=self.reward_workers, timeout_s=self.reward_timeout_s)
+        values = self._reward_pool.score([(text, prompt.gold) for text, prompt in zip(texts, prompts)])
         return torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
+
+    def teardown(self, stage: str) -> None:
+        if self._reward_pool is not None:
+            self._reward_pool.close()
+            self._reward_pool = None
 
     def _call_step_hooks(self, name: str, step: ScoredRollouts) -> None:
         """ibpo-lit's own callback hooks, called in callback order on every callback that
@@ -275,7 +301,6 @@ class IBPOModule(L.LightningModule):
         batch = update.batch.to(device)
         advantages = update.advantages.to(device)
         token_weights = update.token_weights.to(device) if update.token_weights is not None else None
-        self.step_stats = {"trained_tokens": 0, "no_grad_tokens": 0}
 
         old_logp = None
         if cfg.old_logp == "rollout":

@@ -3,10 +3,16 @@
 What is covered:
 - GSM8K gold extraction (`extract_gsm8k_gold`): the text after the last ``####``, thousands
   separators removed.
-- `math_score(completion, gold)`: 1.0 if the completion's final answer equals the gold
+- `math_score_inprocess(completion, gold)`: 1.0 if the completion's final answer equals the gold
   (symbolically or numerically, via math-verify), 0.0 if it does not or if the completion gives
   no answer, and None when the pair cannot be scored (the gold does not parse, or math-verify
-  raises).
+  raises). It runs in the calling process with no time limit. It is what ``REWARDS["math"]``
+  names, so it is what `RewardPool` workers run.
+- `math_score(completion, gold)` and the batched `math_scores(completions, golds)`: the same
+  score with a hard timeout (5 s per item): they go through a module-level `RewardPool("math")`,
+  created on first use and closed at exit. A timed-out item is None (unscorable). Each call is
+  one round trip to a worker process, so score a batch with `math_scores` (or your own
+  `RewardPool` with several workers) rather than calling `math_score` in a loop.
 - Where the completion's answer is read from: our prompts ask for the answer after ``####``
   (GSM8K style), so when a completion contains ``####`` the first line after the last ``####`` is
   what is parsed. Otherwise math-verify's default extraction over the whole completion applies
@@ -17,18 +23,24 @@ What is covered:
   malformed LaTeX such as "\\frac{") is unscorable: None, never a silent 0.
 
 What is not covered:
-- Timeouts. math-verify's own timeouts use SIGALRM, which only works in the main thread, so they
-  are switched off here (``parsing_timeout=None``, ``timeout_seconds=None``) and `math_score`
-  works from any thread. A pathological expression can therefore take long in sympy; a hard,
-  process-level timeout (kill the worker) is a later issue.
+- Timeouts inside `math_score_inprocess`. math-verify's own timeouts use SIGALRM, which only
+  works in the main thread (and cannot interrupt a long C call), so they are switched off here
+  (``parsing_timeout=None``, ``timeout_seconds=None``): a pathological expression can take
+  arbitrarily long in sympy. The hard limit is the pool's, which kills the worker
+  (`ibpo_lit.rewards.pool`).
 - Multiple-choice letters and free-text answers (math-verify's `StringExtractionConfig`).
 """
 from __future__ import annotations
 
+import atexit
 import logging
-from collections.abc import Callable
+import os
+import threading
+from collections.abc import Callable, Sequence
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+from ibpo_lit.rewards.pool import RewardPool
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +51,18 @@ _COMPLETION_CONFIG = (LatexExtractionConfig(), ExprExtractionConfig())
 _GOLD_CONFIG = (LatexExtractionConfig(),)
 
 RewardFn = Callable[[str, str], "float | None"]
+
+DEFAULT_TIMEOUT_S = 5.0  # hard per-item limit of `math_score` / `math_scores`
+
+
+def _drop_timeout_disabled_warning(record: logging.LogRecord) -> bool:
+    # math-verify warns on every call that its timeouts are off; they are off on purpose here
+    # (the pool enforces the limit), and each pool worker would repeat the warning.
+    return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_drop_timeout_disabled_warning)
 
 
 def extract_gsm8k_gold(answer: str) -> str:
@@ -66,8 +90,11 @@ def _parse_completion(completion: str) -> list:
     return _parse(completion, _COMPLETION_CONFIG)
 
 
-def math_score(completion: str, gold: str) -> float | None:
-    """Score a completion against a gold answer: 1.0 correct, 0.0 wrong or no answer.
+def math_score_inprocess(completion: str, gold: str) -> float | None:
+    """Score a completion against a gold answer, in this process, with no time limit.
+
+    This is ``REWARDS["math"]``, what `RewardPool` workers call. Call `math_score` (hard
+    timeout) from the trainer instead: this one can hang on adversarial LaTeX.
 
     Args:
         completion: the model's response text.
@@ -89,3 +116,45 @@ def math_score(completion: str, gold: str) -> float | None:
         logger.debug("math-verify failed on completion %r, gold %r", completion[-200:], gold, exc_info=True)
         return None
     return 1.0 if ok else 0.0
+
+
+_default_pool: RewardPool | None = None
+_default_pool_lock = threading.Lock()
+
+
+def _pool() -> RewardPool:
+    """The module-level math pool: created on first use (and again in a forked child)."""
+    global _default_pool
+    with _default_pool_lock:
+        if _default_pool is None or _default_pool._owner_pid != os.getpid():
+            _default_pool = RewardPool("math", num_workers=1, timeout_s=DEFAULT_TIMEOUT_S)
+            atexit.register(_default_pool.close)
+        return _default_pool
+
+
+def math_score(completion: str, gold: str) -> float | None:
+    """Score a completion against a gold answer: 1.0 correct, 0.0 wrong or no answer.
+
+    The score of `math_score_inprocess`, computed in a worker process that is killed after
+    ``DEFAULT_TIMEOUT_S`` seconds. Works from any thread.
+
+    Args:
+        completion: the model's response text.
+        gold: the gold final answer, plain or LaTeX ("72", "\\frac{1}{2}").
+
+    Returns:
+        1.0 or 0.0; None if the pair cannot be scored (gold unparseable, math-verify error,
+        timeout).
+    """
+    return _pool().score([(completion, gold)])[0]
+
+
+def math_scores(completions: Sequence[str], golds: Sequence[str]) -> list[float | None]:
+    """`math_score` over a batch, in one call to the module-level pool.
+
+    Raises:
+        ValueError: if the two sequences differ in length.
+    """
+    if len(completions) != len(golds):
+        raise ValueError(f"{len(completions)} completions but {len(golds)} golds")
+    return _pool().score(list(zip(completions, golds)))

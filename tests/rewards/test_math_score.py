@@ -1,9 +1,9 @@
-"""math_score, GSM8K gold extraction and the reward registry."""
+"""math_score (through the default pool), math_score_inprocess, GSM8K golds, the registry."""
 import threading
 
 import pytest
 
-from ibpo_lit.rewards import REWARDS, extract_gsm8k_gold, get_reward, math_score
+from ibpo_lit.rewards import REWARDS, extract_gsm8k_gold, get_reward, math_score, math_score_inprocess
 
 
 @pytest.mark.parametrize(
@@ -62,8 +62,8 @@ def test_math_verify_error_is_unscorable(monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("sympy exploded")
 
-    monkeypatch.setattr(m, "verify", boom)
-    assert math_score("#### 42", "42") is None
+    monkeypatch.setattr(m, "verify", boom)  # patches this process only: the in-process scorer
+    assert math_score_inprocess("#### 42", "42") is None
 
 
 def test_math_score_works_off_the_main_thread():
@@ -75,7 +75,8 @@ def test_math_score_works_off_the_main_thread():
 
 
 def test_registry():
-    assert get_reward("math") is math_score
+    # the registry names the in-process scorer (what pool workers run); math_score goes through a pool
+    assert get_reward("math") is math_score_inprocess
     assert "math" in REWARDS
-    with pytest.raises(ValueError, match=r"unknown reward 'code'.*\['math'\]"):
+    with pytest.raises(ValueError, match=r"unknown reward 'code'.*'math'"):
         get_reward("code")

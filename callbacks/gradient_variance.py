@@ -1,0 +1,181 @@
+"""Policy-gradient variance of the update batch (METHOD section 6: the paper reports about
+30% lower variance with IBPO than with plain GSPO).
+
+Every ``every_n_steps`` rollout steps, at ``on_before_update`` (advantages known, weights not
+yet updated), the rows of the update batch (rollouts and correction samples, zero-advantage
+rows included: the estimator is over the batch as sampled) are shuffled with a seeded
+generator and cut into ``K`` disjoint splits of near-equal size (``tensor_split``: sizes
+differ by at most one). Each split's gradient is the gradient of the configured loss averaged
+over that split alone (``IBPOModule.policy_loss``, on-policy: ``pi_old`` = the current
+weights, so this is the gradient of the step's first update), taken with
+``torch.autograd.grad`` on the selected parameters only, so the module's ``.grad`` buffers
+are untouched. ``diagnostics.gradient_variance`` turns the ``[K, D]`` gradients into
+``grad_var/trace``, ``grad_var/mean_sq_norm`` and ``grad_var/relative``; the seconds it costs
+are ``grad_var/seconds``.
+
+With per-split means the size-weighted mean of the split gradients is the full-batch
+gradient (the plain mean when the sizes are equal), so ``mean_sq_norm`` estimates the squared
+norm of the step's gradient.
+
+Cost and choices: ``K`` forward+backward passes over the batch, in the module's micro-batches;
+rows with zero advantage give exactly zero gradient without a KL term, so their forward is
+skipped (they still count in their split's mean), as the module does. ``param_filter`` (a
+regex searched in parameter names) and ``max_params`` (the first ``n`` selected tensors)
+keep ``D`` small on large models: the ``K`` flattened gradients are held in memory.
+
+Not covered: distributed runs (several processes): the callback warns once and does nothing,
+since sharded parameters and per-rank batches would need collectives it does not do. These
+extra forwards are not counted in the module's token counts (``ComputeBudgetStopper``'s
+FLOPs), only in its seconds.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Any, Optional
+
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
+
+from ibpo_lit.algorithms.diagnostics import gradient_variance
+from ibpo_lit.step import ScoredRollouts, UpdateBatch
+
+
+class GradientVarianceLogger(Callback):
+    """Logs the variance of the policy gradient across random splits of the update batch.
+
+    Args:
+        every_n_steps: Measure on rollout steps ``0, n, 2n, ...``.
+        num_splits: K, the number of disjoint splits (>= 2); a step with fewer update rows
+            than K is skipped.
+        param_filter: Regex searched in parameter names (``re.search``); only matching
+            trainable parameters are measured, e.g. ``"lm_head|layers\\.0\\."``. Unset = all.
+        max_params: Keep only the first this many selected parameter tensors (model order).
+        seed: Base seed of the split; the split of step ``s`` depends on ``(seed, s)`` only,
+            so a resumed run measures the same splits.
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 10,
+        num_splits: int = 4,
+        param_filter: Optional[str] = None,
+        max_params: Optional[int] = None,
+        seed: int = 0,
+    ) -> None:
+        if every_n_steps < 1:
+            raise ValueError(f"GradientVarianceLogger.every_n_steps must be >= 1, got {every_n_steps}")
+        if num_splits < 2:
+            raise ValueError(f"GradientVarianceLogger.num_splits must be >= 2 (a variance needs two), got {num_splits}")
+        if max_params is not None and max_params < 1:
+            raise ValueError(f"GradientVarianceLogger.max_params must be >= 1 or unset, got {max_params}")
+        if param_filter is not None:
+            try:
+                re.compile(param_filter)
+            except re.error as err:
+                raise ValueError(f"GradientVarianceLogger.param_filter is not a valid regex: {err}") from err
+        self.every_n_steps = every_n_steps
+        self.num_splits = num_splits
+        self.param_filter = param_filter
+        self.max_params = max_params
+        self.seed = seed
+        self.last: Optional[dict[str, Any]] = None  # the latest measurement (tests, notebooks)
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------ hook
+    def on_before_update(self, trainer, pl_module, step: ScoredRollouts) -> None:
+        if step.step % self.every_n_steps != 0 or step.update is None:
+            return
+        if trainer.world_size > 1:
+            self._warn_once("distributed", "GradientVarianceLogger does not support several processes; skipping.")
+            return
+        n = len(step.update.batch)
+        if n < self.num_splits:
+            self._warn_once(
+                "few_rows", f"GradientVarianceLogger: {n} update rows < num_splits={self.num_splits}; step skipped."
+            )
+            return
+        start = time.perf_counter()
+        names, params = self.select_parameters(pl_module.policy)
+        splits = self.split_rows(n, self.num_splits, self.seed, step.step)
+        grads = torch.stack([self.split_gradient(pl_module, step.update, rows, params) for rows in splits])
+        stats = gradient_variance(grads)
+        seconds = time.perf_counter() - start
+        self.last = {
+            "step": step.step,
+            "splits": splits,
+            "param_names": names,
+            "num_elements": int(grads.shape[1]),
+            "seconds": seconds,
+            **stats,
+        }
+        for key in ("trace", "relative", "mean_sq_norm"):
+            if math.isfinite(stats[key]):
+                pl_module.log(f"grad_var/{key}", stats[key], on_step=True, on_epoch=False, batch_size=1)
+        pl_module.log("grad_var/seconds", seconds, on_step=True, on_epoch=False, batch_size=1)
+
+    # --------------------------------------------------------------- pieces
+    def select_parameters(self, model: torch.nn.Module) -> tuple[list[str], list[Tensor]]:
+        """Names and tensors of the trainable parameters measured (filter, then ``max_params``)."""
+        pattern = re.compile(self.param_filter) if self.param_filter is not None else None
+        chosen = [
+            (name, p)
+            for name, p in model.named_parameters()
+            if p.requires_grad and (pattern is None or pattern.search(name))
+        ]
+        if self.max_params is not None:
+            chosen = chosen[: self.max_params]
+        if not chosen:
+            raise ValueError(
+                f"GradientVarianceLogger: no trainable parameter matches param_filter={self.param_filter!r}"
+            )
+        return [name for name, _ in chosen], [p for _, p in chosen]
+
+    @staticmethod
+    def split_rows(n: int, k: int, seed: int, step: int) -> list[Tensor]:
+        """``k`` disjoint index tensors covering ``range(n)``: a seeded shuffle cut into
+        near-equal parts (sizes differ by at most one)."""
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        return list(torch.randperm(n, generator=generator).tensor_split(k))
+
+    @staticmethod
+    def split_gradient(pl_module, update: UpdateBatch, rows: Tensor, params: list[Tensor]) -> Tensor:
+        """[D] float32 flattened gradient of the loss averaged over ``rows`` alone, w.r.t. ``params``.
+
+        Accumulated over the module's micro-batches with the split's own denominators, so it
+        equals one forward of the whole split."""
+        device = pl_module.device
+        batch = update.batch.to(device)
+        advantages = update.advantages.to(device)
+        weights = update.token_weights.to(device) if update.token_weights is not None else None
+        rows = rows.to(device)
+        num_seqs = float(len(rows))
+        num_tokens = float(batch.response_mask[rows].sum())
+        beta_kl = getattr(getattr(pl_module, "algorithm", None), "beta_kl", 0.0)
+        active = rows[advantages[rows] != 0] if not beta_kl else rows  # zero advantage: zero gradient
+        micro_size = getattr(getattr(pl_module, "rollout_cfg", None), "micro_batch_size", None) or max(len(active), 1)
+
+        total = [torch.zeros_like(p, dtype=torch.float32) for p in params]
+        with torch.enable_grad():
+            for micro in active.split(micro_size) if len(active) else ():
+                loss, _ = pl_module.policy_loss(
+                    batch.select(micro),
+                    advantages[micro],
+                    weights[micro] if weights is not None else None,
+                    None,
+                    num_seqs=num_seqs,
+                    num_tokens=num_tokens,
+                )
+                grads = torch.autograd.grad(loss, params, allow_unused=True)
+                for acc, g in zip(total, grads):
+                    if g is not None:
+                        acc.add_(g.float())
+        return torch.cat([g.reshape(-1) for g in total])
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            rank_zero_warn(message)
+            self._warned.add(key)
