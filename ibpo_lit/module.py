@@ -38,7 +38,7 @@ from ibpo_lit.policy_logprobs import response_logprobs
 from ibpo_lit.rewards import RewardPool, get_reward
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.rollout.hf import HFRolloutEngine
-from ibpo_lit.seeding import MAIN_ROLLOUTS, rollout_seeds
+from ibpo_lit.seeding import MAIN_ROLLOUTS, VALIDATION, rollout_seeds
 from ibpo_lit.step import ScoredRollouts, UpdateBatch
 
 
@@ -62,6 +62,8 @@ class IBPOModule(L.LightningModule):
         reward_timeout_s: Hard time limit per scored response; a response that runs past it (or
             whose verifier raises or returns None) is unscorable: NaN, ignored by the group
             statistics, counted in ``train/unscorable``.
+        val_samples: Responses sampled per validation prompt (``val/accuracy`` is their mean
+            reward: avg@k), with the rollouts' decoding settings and fixed seeds.
         max_nonfinite_steps: Stop after this many consecutive steps whose loss or gradient
             norm is not finite (each one is skipped and counted).
         gradient_checkpointing: Recompute activations in the backward pass to save memory.
@@ -77,6 +79,7 @@ class IBPOModule(L.LightningModule):
         reward: str = "math",
         reward_workers: int = 1,
         reward_timeout_s: float = 5.0,
+        val_samples: int = 1,
         max_nonfinite_steps: int = 5,
         gradient_checkpointing: bool = False,
     ) -> None:
@@ -91,6 +94,9 @@ class IBPOModule(L.LightningModule):
             raise ValueError(
                 f"reward_workers must be >= 1 and reward_timeout_s > 0, got {reward_workers}, {reward_timeout_s}"
             )
+        if val_samples < 1:
+            raise ValueError(f"val_samples must be >= 1, got {val_samples}")
+        self.val_samples = val_samples
         self.reward_name = reward
         self.reward_workers = reward_workers
         self.reward_timeout_s = reward_timeout_s
@@ -118,6 +124,7 @@ class IBPOModule(L.LightningModule):
         if self.policy is not None:
             return
         self.policy, self.tokenizer = load_policy(self.model_name, dtype=self.dtype_name, seed=self.rollout_cfg.seed)
+        self.policy.train()  # from_pretrained returns eval mode; dropout is off either way (load_policy)
         if self.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
         if self.algorithm.beta_kl > 0:
@@ -212,6 +219,19 @@ class IBPOModule(L.LightningModule):
             metrics.update({"train/reward_timeouts": float(stats["timeout"]), "train/reward_errors": float(stats["error"])})
         self._log_metrics(metrics)
         self.rollout_step += 1
+
+    def validation_step(self, prompts: list[Prompt], batch_idx: int) -> None:
+        """avg@k on held-out prompts: the same seeds at every validation, so two checkpoints
+        differ only by their weights."""
+        k = self.val_samples
+        seeds = rollout_seeds(self.rollout_cfg.seed, batch_idx, VALIDATION, len(prompts) * k)
+        rollouts = self.engine.generate([p.prompt_ids for p in prompts], n=k, seeds=seeds)
+        texts = self.tokenizer.batch_decode(rollouts.response_lists(), skip_special_tokens=True)
+        rewards = self.score(texts, [prompts[g] for g in rollouts.group_index.tolist()])
+        scored = rewards.nan_to_num(0.0)  # an unscorable response counts as wrong here
+        n = len(rewards)
+        self.log("val/accuracy", scored.mean(), on_epoch=True, batch_size=n, prog_bar=True)
+        self.log("val/response_len", rollouts.response_lengths.float().mean(), on_epoch=True, batch_size=n)
 
     def score(self, texts: list[str], prompts: list[Prompt]) -> Tensor:
         """Verifier rewards, [len(texts)] float on the CPU; NaN where a text cannot be scored

@@ -6,6 +6,7 @@ from __future__ import annotations
 MAIN_ROLLOUTS = 0
 CORRECTIONS = 1
 REFERENCE_CHOICE = 2
+VALIDATION = 3  # with step = batch index: every validation run samples with the same seeds
 
 _MOD = 2**62
 

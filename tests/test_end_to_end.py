@@ -162,3 +162,11 @@ def test_variants_train(tmp_path, overrides):
     assert cli.model.rollout_step == (1 if "--model.rollout.num_mini_batches" in overrides else 2)
     logged = scalars(tmp_path)
     assert all(torch.isfinite(torch.tensor(logged["train/loss"])))
+
+
+def test_validation_logs_avg_at_k_on_held_out_prompts(tmp_path):
+    fit(tmp_path, "--data.val_size", "4", "--trainer.val_check_interval", "2", "--trainer.check_val_every_n_epoch",
+        "null", "--trainer.num_sanity_val_steps", "0", "--model.val_samples", "2", steps=4)
+    logged = scalars(tmp_path)
+    assert len(logged["val/accuracy"]) == 2  # after steps 2 and 4
+    assert all(0.0 <= a <= 1.0 for a in logged["val/accuracy"])

@@ -21,6 +21,8 @@ What is not covered:
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 from pathlib import Path
 from typing import Any, Literal
@@ -28,7 +30,7 @@ from typing import Any, Literal
 import lightning as L
 from torch.utils.data import DataLoader
 
-from ibpo_lit.data.arithmetic import ArithmeticConfig
+from ibpo_lit.data.arithmetic import ArithmeticConfig, arithmetic_problem
 from ibpo_lit.data.prompt import Prompt, collate_prompts
 from ibpo_lit.data.prompt_builder import LONG_PROMPT_POLICIES, PromptBuilder
 from ibpo_lit.data.records import (
@@ -72,6 +74,13 @@ class PromptDataModule(L.LightningDataModule):
             arithmetic stream has its own arithmetic.seed.
         num_workers: DataLoader worker processes; 0 keeps resume exact.
         task: Verifier that scores these prompts' responses (a name in ibpo_lit.rewards.REWARDS).
+        val_size: Held-out problems for validation (``val/accuracy``): the first ``val_size``
+            records of ``val_path``, or, without it, arithmetic problems from a stream seeded
+            apart from training (``arithmetic.seed + 1000003``; small operand ranges can still
+            repeat a training problem). 0 = no validation, unless ``val_path`` is set (then all
+            of it).
+        val_path: JSONL file of validation problems (same fields as the training file).
+        val_batch_size: Validation prompts per batch.
     """
 
     def __init__(
@@ -92,6 +101,9 @@ class PromptDataModule(L.LightningDataModule):
         seed: int = 0,
         num_workers: int = 0,
         task: str = "math",
+        val_size: int = 0,
+        val_path: str | None = None,
+        val_batch_size: int = 8,
     ):
         super().__init__()
         if source is None:  # `--data.train_path FILE` alone means: train on that file
@@ -117,6 +129,10 @@ class PromptDataModule(L.LightningDataModule):
         from ibpo_lit.rewards import get_reward
 
         get_reward(task)  # ValueError listing the valid names
+        if val_size < 0 or val_batch_size < 1:
+            raise ValueError(f"data.val_size must be >= 0 and data.val_batch_size >= 1, got {val_size}, {val_batch_size}")
+        if val_path is not None and not Path(val_path).is_file():
+            raise FileNotFoundError(f"data.val_path: no such file: {val_path}")
         self.record_format = RecordFormat(question_key, answer_key, answer_format)
 
         self.tokenizer_name = tokenizer
@@ -132,6 +148,9 @@ class PromptDataModule(L.LightningDataModule):
         self.seed = seed
         self.num_workers = num_workers
         self.task = task
+        self.val_size = val_size
+        self.val_path = val_path
+        self.val_batch_size = val_batch_size
 
         self.tokenizer_obj: Any = None  # set before setup() to skip loading (tests, notebooks)
         self.skipped_record_errors: list[BadRecordError] = []
@@ -185,6 +204,33 @@ class PromptDataModule(L.LightningDataModule):
             collate_fn=collate_prompts,
             num_workers=self.num_workers,
         )
+
+    def val_prompts(self) -> list[Prompt]:
+        """The fixed held-out prompts (empty when validation is off)."""
+        if self._builder is None:
+            raise RuntimeError("call setup() before asking for the validation data")
+        if self.val_path is not None:
+            records = read_records(self.val_path, self.record_format, self.on_bad_record)
+            problems = ((r.problem, r.gold, r.uid) for r in records)
+        elif self.val_size > 0:
+            held_out = dataclasses.replace(self.arithmetic, seed=self.arithmetic.seed + 1_000_003)
+            problems = ((*arithmetic_problem(i, held_out), f"val-arithmetic:{i}") for i in itertools.count())
+        else:
+            return []
+        prompts = []
+        for problem, gold, uid in problems:
+            if self.val_size and len(prompts) >= self.val_size:
+                break
+            prompt = self._builder.build(problem, gold, uid)
+            if prompt is not None:
+                prompts.append(prompt)
+        return prompts
+
+    def val_dataloader(self) -> DataLoader | list:
+        prompts = self.val_prompts()
+        if not prompts:
+            return []
+        return DataLoader(prompts, batch_size=self.val_batch_size, collate_fn=collate_prompts, shuffle=False)
 
     # ---- counters and resume ------------------------------------------------------------------
     @property

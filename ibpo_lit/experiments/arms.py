@@ -1,0 +1,123 @@
+"""Experiment arms: a base config plus the changes that make one arm of a comparison.
+
+An arm is a named function from a base config (the dict of a ``configs/*.yaml``) to a new
+config dict; ``build_arm_config`` adds what every arm of a compute-matched run shares: a
+compute budget, gradient-variance logging, held-out validation and no per-step checkpoints.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable
+
+CORRECTION = "callbacks.CorrectionRollouts"
+
+
+@dataclass(frozen=True)
+class ArmSettings:
+    small_group: int = 8  # G of the IBPO arms; GSPO's large group is 4x this
+    budget_flops: float | None = None
+    budget_device_seconds: float | None = None
+    val_size: int = 16
+    val_every: int = 4  # rollout steps between validations
+    val_samples: int = 2
+    grad_var_every: int = 2
+    grad_var_filter: str = r"layers\.(0|15|29)\."
+
+
+def _callbacks(cfg: dict) -> list:
+    return cfg.setdefault("trainer", {}).setdefault("callbacks", [])
+
+
+def _without_corrections(cfg: dict) -> dict:
+    cfg["trainer"]["callbacks"] = [cb for cb in _callbacks(cfg) if cb.get("class_path") != CORRECTION]
+    cfg["trainer"]["callbacks"] = [cb for cb in cfg["trainer"]["callbacks"] if cb.get("class_path") != "callbacks.CorrectionMetrics"]
+    return cfg
+
+
+def _with_corrections(cfg: dict) -> dict:
+    if not any(cb.get("class_path") == CORRECTION for cb in _callbacks(cfg)):
+        _callbacks(cfg).append({"class_path": CORRECTION, "init_args": {"alpha": 0.6}})
+    if not any(cb.get("class_path") == "callbacks.CorrectionMetrics" for cb in _callbacks(cfg)):
+        _callbacks(cfg).append({"class_path": "callbacks.CorrectionMetrics"})
+    return cfg
+
+
+def _set(cfg: dict, dotted: str, value) -> None:
+    node = cfg
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+
+
+def gspo_large(cfg: dict, s: ArmSettings) -> dict:
+    """GSPO alone with a group 4x larger (the paper's G = 64 against IBPO's G = 8)."""
+    _set(cfg, "model.algorithm.ibpo", "none")
+    _set(cfg, "model.rollout.group_size", 4 * s.small_group)
+    return _without_corrections(cfg)
+
+
+def _ibpo(variant: str) -> Callable[[dict, ArmSettings], dict]:
+    def arm(cfg: dict, s: ArmSettings) -> dict:
+        _set(cfg, "model.algorithm.ibpo", variant)
+        _set(cfg, "model.rollout.group_size", s.small_group)
+        return _with_corrections(cfg)
+
+    arm.__doc__ = f"GSPO + IBPO ({variant}) with the small group."
+    return arm
+
+
+ARMS: dict[str, Callable[[dict, ArmSettings], dict]] = {
+    "gspo_large_group": gspo_large,
+    "ibpo_plain": _ibpo("plain"),
+    "ibpo_ratio": _ibpo("ratio"),
+    "ibpo_mask": _ibpo("mask"),
+}
+
+
+def build_arm_config(base: dict, arm: str, seed: int, settings: ArmSettings, root_dir: str) -> dict:
+    """The full config of one run: ``arm`` applied to ``base``, for ``seed``, writing under
+    ``root_dir``. Seeds change sampling and initial randomness, never the problems."""
+    if arm not in ARMS:
+        raise ValueError(f"unknown arm {arm!r}; valid: {', '.join(sorted(ARMS))}")
+    cfg = ARMS[arm](copy.deepcopy(base), settings)
+    cfg["seed_everything"] = seed
+    _set(cfg, "model.rollout.seed", seed)
+    trainer = cfg["trainer"]
+    trainer.update(
+        {
+            "default_root_dir": root_dir,
+            "max_steps": 100_000,  # the compute budget ends the run
+            "enable_progress_bar": False,
+            "val_check_interval": settings.val_every,
+            "check_val_every_n_epoch": None,
+            "num_sanity_val_steps": 0,
+        }
+    )
+    # Arms take different numbers of steps for the same compute, so no schedule can be the
+    # same for all: a constant learning rate keeps them comparable.
+    _set(cfg, "model.optim.warmup_ratio", 0.0)
+    _set(cfg, "model.optim.min_lr_ratio", 1.0)
+    budget = {}
+    if settings.budget_flops is not None:
+        budget["max_flops"] = settings.budget_flops
+    if settings.budget_device_seconds is not None:
+        budget["max_device_seconds"] = settings.budget_device_seconds
+    if not budget:
+        raise ValueError("a compute-matched comparison needs a budget: flops or device seconds")
+    callbacks = [cb for cb in _callbacks(cfg) if cb.get("class_path") not in (
+        "callbacks.ComputeBudgetStopper", "callbacks.GradientVarianceLogger")]
+    callbacks.append({"class_path": "callbacks.ComputeBudgetStopper", "init_args": budget})
+    callbacks.append(
+        {
+            "class_path": "callbacks.GradientVarianceLogger",
+            "init_args": {"every_n_steps": settings.grad_var_every, "num_splits": 4,
+                          "param_filter": settings.grad_var_filter, "seed": seed},
+        }
+    )
+    trainer["callbacks"] = callbacks
+    cfg["checkpoint"] = {"save_last": False, "save_top_k": 0}
+    _set(cfg, "data.val_size", settings.val_size)
+    _set(cfg, "model.val_samples", settings.val_samples)
+    return cfg

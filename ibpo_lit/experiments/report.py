@@ -1,0 +1,106 @@
+"""Tables and plots of a comparison from run summaries (``runs.summarize_run``): means and
+95% bootstrap CIs across seeds, and the series against compute."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from ibpo_lit.evaluation.bootstrap import bootstrap_ci
+from ibpo_lit.experiments.runs import at_compute
+
+TABLE_COLUMNS = [
+    ("steps", "steps", "{:.1f}"),
+    ("flops", "TFLOP", "{:.1f}"),
+    ("device_seconds", "CPU-s", "{:.0f}"),
+    ("baseline_val", "val acc @0", "{:.3f}"),
+    ("final_val", "val acc, end", "{:.3f}"),
+    ("first_reward", "reward, first 3", "{:.3f}"),
+    ("final_reward", "reward, last 3", "{:.3f}"),
+    ("grad_var_trace", "grad var (trace)", "{:.3g}"),
+    ("correction_success_first", "corr. success, first 3", "{:.3f}"),
+    ("correction_success_last", "corr. success, last 3", "{:.3f}"),
+    ("cov_y_phi_negative_share", "Cov(Y,phi)<0 share", "{:.2f}"),
+]
+
+
+def by_arm(summaries: list[dict]) -> dict[str, list[dict]]:
+    arms: dict[str, list[dict]] = defaultdict(list)
+    for summary in summaries:
+        arms[summary["arm"]].append(summary)
+    return dict(arms)
+
+
+def _cell(values: list[float], fmt: str, scale: float = 1.0) -> str:
+    values = [v * scale for v in values if v is not None and not math.isnan(v)]
+    if not values:
+        return "-"
+    mean, low, high = bootstrap_ci(values)
+    if len(values) == 1:
+        return fmt.format(mean)
+    return f"{fmt.format(mean)} [{fmt.format(low)}, {fmt.format(high)}]"
+
+
+def markdown_table(summaries: list[dict]) -> str:
+    """One row per arm: mean [95% bootstrap CI] over its seeds for each column."""
+    header = "| arm | seeds | " + " | ".join(title for _, title, _ in TABLE_COLUMNS) + " |"
+    lines = [header, "|" + " --- |" * (len(TABLE_COLUMNS) + 2)]
+    for arm, runs in by_arm(summaries).items():
+        cells = []
+        for key, _, fmt in TABLE_COLUMNS:
+            scale = 1e-12 if key == "flops" else 1.0
+            cells.append(_cell([r.get(key) for r in runs], fmt, scale))
+        lines.append(f"| {arm} | {len(runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def gradient_variance_ratio(summaries: list[dict], arm: str, baseline: str) -> tuple[float, float, float] | None:
+    """Mean [95% CI] of ``arm``'s gradient-variance trace over ``baseline``'s, pairing seeds."""
+    arms = by_arm(summaries)
+    if arm not in arms or baseline not in arms:
+        return None
+    base = {r["seed"]: r["grad_var_trace"] for r in arms[baseline] if r.get("grad_var_trace")}
+    ratios = [r["grad_var_trace"] / base[r["seed"]] for r in arms[arm] if r.get("grad_var_trace") and r["seed"] in base]
+    return bootstrap_ci(ratios) if ratios else None
+
+
+def plot(summaries: list[dict], path: str) -> None:
+    """Four panels: training reward and validation accuracy against compute, correction
+    success over steps, gradient-variance trace over steps; one line per run, a colour per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    colours = {}
+    for run in summaries:
+        colour = colours.setdefault(run["arm"], f"C{len(colours)}")
+        series = run["series"]
+        label = run["arm"] if run is next(r for r in summaries if r["arm"] == run["arm"]) else None
+        for ax, tag in ((axes[0][0], "train/reward"), (axes[0][1], "val/accuracy")):
+            points = at_compute(series, tag)
+            if tag == "val/accuracy" and run.get("baseline_val") is not None:
+                points = [(0.0, run["baseline_val"])] + points
+            if points:
+                ax.plot([c / 1e12 for c, _ in points], [v for _, v in points], color=colour, alpha=0.7,
+                        marker="o" if tag == "val/accuracy" else None, label=label)
+        for ax, tag in ((axes[1][0], "train/correction_success"), (axes[1][1], "grad_var/trace")):
+            points = series.get(tag, [])
+            if points:
+                ax.plot([s for s, _ in points], [v for _, v in points], color=colour, alpha=0.7, label=label)
+    titles = [
+        ("training reward", "compute (TFLOP, estimated)"),
+        ("validation accuracy (avg@k)", "compute (TFLOP, estimated)"),
+        ("correction success", "optimizer step"),
+        ("policy-gradient variance (trace)", "optimizer step"),
+    ]
+    for ax, (title, xlabel) in zip([a for row in axes for a in row], titles):
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    axes[1][1].set_yscale("log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,127 @@
+"""Compute-matched A/B: GSPO with a large group against GSPO + IBPO with a group 4x smaller.
+
+    python scripts/compare.py --base configs/smollm2_135m_cpu.yaml --seeds 0 1 2 \
+        --budget-flops 6e13 --out results/compare_smollm2
+
+Every arm runs each seed until the same compute budget (estimated FLOPs, generation and
+corrections included, or measured device-seconds); all arms see the same problems. A
+held-out validation set is scored before training (step 0) and every ``--val-every`` steps.
+Writes, under ``--out``: ``summary.json`` (one small summary per run, kept so the report can
+be rebuilt with ``--report-only``), ``compare.md`` (means and 95% bootstrap CIs across seeds)
+and ``compare.png``. Runs whose summary exists are not run again, so an interrupted
+comparison resumes where it stopped. Run logs go to ``<out>/runs/`` (not meant for git).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import yaml
+
+from ibpo_lit.experiments.arms import ARMS, ArmSettings, build_arm_config
+from ibpo_lit.experiments.report import gradient_variance_ratio, markdown_table, plot
+from ibpo_lit.experiments.runs import read_scalars, summarize_run
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base", default="configs/smollm2_135m_cpu.yaml", help="config every arm starts from")
+    p.add_argument("--arms", nargs="+", default=["gspo_large_group", "ibpo_plain"], choices=sorted(ARMS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--small-group", type=int, default=8, help="G of the IBPO arms (GSPO gets 4x)")
+    p.add_argument("--budget-flops", type=float, default=None, help="estimated FLOPs per run")
+    p.add_argument("--budget-seconds", type=float, default=None, help="device-seconds per run")
+    p.add_argument("--val-size", type=int, default=16)
+    p.add_argument("--val-every", type=int, default=4)
+    p.add_argument("--val-samples", type=int, default=2)
+    p.add_argument("--prompts-per-step", type=int, default=None, help="override data.prompts_per_step")
+    p.add_argument("--out", default="results/compare")
+    p.add_argument("--report-only", action="store_true", help="rebuild compare.md/png from summary.json")
+    args = p.parse_args(argv)
+    if not args.report_only and args.budget_flops is None and args.budget_seconds is None:
+        p.error("give --budget-flops or --budget-seconds: the arms are matched on compute")
+    return args
+
+
+def run(cmd: list[str], log_path: str) -> None:
+    with open(log_path, "w") as log:
+        result = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        raise SystemExit(f"command failed ({result.returncode}); see {log_path}: {' '.join(cmd)}")
+
+
+def baseline_validation(base: dict, seed: int, settings: ArmSettings, out: str) -> float:
+    """val/accuracy of the untrained model: the step-0 point every arm shares."""
+    root = os.path.join(out, "runs", f"baseline_s{seed}")
+    os.makedirs(root, exist_ok=True)
+    cfg = build_arm_config(base, "ibpo_plain", seed, settings, root)
+    path = os.path.join(root, "config.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)
+    run([sys.executable, "-m", "ibpo_lit", "validate", "--config", path], os.path.join(root, "log.txt"))
+    return read_scalars(root, ["val/accuracy"])["val/accuracy"][-1][1]
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    summary_path = os.path.join(args.out, "summary.json")
+    summaries: list[dict] = json.load(open(summary_path)) if os.path.exists(summary_path) else []
+
+    if not args.report_only:
+        with open(args.base) as f:
+            base = yaml.safe_load(f)
+        if args.prompts_per_step:
+            base.setdefault("data", {})["prompts_per_step"] = args.prompts_per_step
+        settings = ArmSettings(
+            small_group=args.small_group, budget_flops=args.budget_flops, budget_device_seconds=args.budget_seconds,
+            val_size=args.val_size, val_every=args.val_every, val_samples=args.val_samples,
+        )
+        done = {(s["arm"], s["seed"]) for s in summaries}
+        for seed in args.seeds:
+            if all((arm, seed) in done for arm in args.arms):
+                continue
+            baseline = baseline_validation(base, seed, settings, args.out)
+            for arm in args.arms:
+                if (arm, seed) in done:
+                    continue
+                root = os.path.join(args.out, "runs", f"{arm}_s{seed}")
+                os.makedirs(root, exist_ok=True)
+                cfg_path = os.path.join(root, "config.yaml")
+                with open(cfg_path, "w") as f:
+                    yaml.safe_dump(build_arm_config(base, arm, seed, settings, root), f, sort_keys=False)
+                start = time.time()
+                print(f"[compare] {arm} seed {seed} ...", flush=True)
+                run([sys.executable, "-m", "ibpo_lit", "fit", "--config", cfg_path], os.path.join(root, "log.txt"))
+                summary = summarize_run(root, arm, seed, baseline_val=baseline)
+                summary["wall_seconds"] = time.time() - start
+                summary["command"] = " ".join(["python", "scripts/compare.py", *(argv or sys.argv[1:])])
+                summaries.append(summary)
+                with open(summary_path, "w") as f:
+                    json.dump(summaries, f, indent=1)
+                print(f"[compare] {arm} seed {seed}: {summary['steps']} steps, final reward "
+                      f"{summary['final_reward']}, final val {summary['final_val']}", flush=True)
+
+    table = markdown_table(summaries)
+    lines = [table, ""]
+    arms = sorted({s["arm"] for s in summaries})
+    for arm in arms:
+        if arm == "gspo_large_group":
+            continue
+        ratio = gradient_variance_ratio(summaries, arm, "gspo_large_group")
+        if ratio:
+            lines.append(f"- gradient-variance trace, {arm} / gspo_large_group (paired by seed): "
+                         f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]")
+    report = "\n".join(lines) + "\n"
+    with open(os.path.join(args.out, "compare.md"), "w") as f:
+        f.write(report)
+    plot(summaries, os.path.join(args.out, "compare.png"))
+    print(report)
+
+
+if __name__ == "__main__":
+    main()

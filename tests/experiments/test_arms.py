@@ -1,0 +1,50 @@
+"""Arms of the compute-matched comparison: what each changes, and what all share."""
+import pytest
+import yaml
+
+from ibpo_lit.experiments.arms import ArmSettings, build_arm_config
+
+BASE = yaml.safe_load(open("configs/smollm2_135m_cpu.yaml"))
+SETTINGS = ArmSettings(small_group=8, budget_flops=1e13)
+
+
+def classes(cfg):
+    return [cb["class_path"] for cb in cfg["trainer"]["callbacks"]]
+
+
+def test_gspo_arm_has_a_4x_group_and_no_corrections():
+    cfg = build_arm_config(BASE, "gspo_large_group", 3, SETTINGS, "/tmp/x")
+    assert cfg["model"]["rollout"]["group_size"] == 32
+    assert cfg["model"]["algorithm"]["ibpo"] == "none"
+    assert "callbacks.CorrectionRollouts" not in classes(cfg)
+    assert "callbacks.CorrectionMetrics" not in classes(cfg)
+
+
+@pytest.mark.parametrize("arm, variant", [("ibpo_plain", "plain"), ("ibpo_ratio", "ratio"), ("ibpo_mask", "mask")])
+def test_ibpo_arms_use_the_small_group_and_corrections(arm, variant):
+    cfg = build_arm_config(BASE, arm, 0, SETTINGS, "/tmp/x")
+    assert cfg["model"]["rollout"]["group_size"] == 8
+    assert cfg["model"]["algorithm"]["ibpo"] == variant
+    assert classes(cfg).count("callbacks.CorrectionRollouts") == 1
+
+
+def test_every_arm_shares_budget_seed_validation_and_constant_lr():
+    for arm in ("gspo_large_group", "ibpo_plain"):
+        cfg = build_arm_config(BASE, arm, 7, SETTINGS, "/tmp/root")
+        stopper = next(cb for cb in cfg["trainer"]["callbacks"] if cb["class_path"] == "callbacks.ComputeBudgetStopper")
+        assert stopper["init_args"] == {"max_flops": 1e13}
+        assert classes(cfg).count("callbacks.ComputeBudgetStopper") == 1  # the base's own is replaced
+        assert "callbacks.GradientVarianceLogger" in classes(cfg)
+        assert cfg["seed_everything"] == 7 and cfg["model"]["rollout"]["seed"] == 7
+        assert cfg["data"]["arithmetic"] == BASE["data"]["arithmetic"]  # same problems
+        assert cfg["data"]["val_size"] == 16 and cfg["trainer"]["val_check_interval"] == 4
+        assert cfg["model"]["optim"]["min_lr_ratio"] == 1.0
+        assert cfg["trainer"]["default_root_dir"] == "/tmp/root"
+    assert BASE["model"]["rollout"]["group_size"] == 8  # the base is not modified
+
+
+def test_budget_and_arm_name_are_checked():
+    with pytest.raises(ValueError, match="budget"):
+        build_arm_config(BASE, "ibpo_plain", 0, ArmSettings(), "/tmp/x")
+    with pytest.raises(ValueError, match="valid: gspo_large_group"):
+        build_arm_config(BASE, "ibpo_sometimes", 0, SETTINGS, "/tmp/x")

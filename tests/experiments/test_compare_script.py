@@ -1,0 +1,34 @@
+"""scripts/compare.py end to end on the tiny model: runs, summary, table, plot, resume."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+@pytest.mark.slow
+def test_compare_runs_every_arm_to_the_same_budget_and_reports(tmp_path):
+    out = tmp_path / "cmp"
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "compare.py"), "--base", os.path.join(ROOT, "configs", "tiny.yaml"),
+           "--seeds", "0", "--budget-flops", "3e8", "--val-size", "2", "--val-every", "2", "--small-group", "2",
+           "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    summaries = json.loads((out / "summary.json").read_text())
+    assert sorted(s["arm"] for s in summaries) == ["gspo_large_group", "ibpo_plain"]
+    for s in summaries:
+        assert s["flops"] >= 3e8  # stopped by the budget, not by max_steps
+        flops = [v for _, v in s["series"]["compute/flops"]]
+        assert len(flops) < 2 or flops[-2] < 3e8  # ... and at the first step that reached it
+        assert s["baseline_val"] is not None and 0 <= s["baseline_val"] <= 1
+        assert "train/reward" in s["series"] and "compute/flops" in s["series"]
+    table = (out / "compare.md").read_text()
+    assert "| gspo_large_group | 1 |" in table and "| ibpo_plain | 1 |" in table
+    assert (out / "compare.png").stat().st_size > 10_000
+    # a second call finds every run done: nothing reruns, the report is rebuilt
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert again.returncode == 0 and "[compare] ibpo_plain seed 0 ..." not in again.stdout
+    assert json.loads((out / "summary.json").read_text()) == summaries
