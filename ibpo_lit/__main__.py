@@ -70,7 +70,11 @@ def main(args: list[str] | None = None, run: bool = True):
     )
 
 
-if __name__ == "__main__":
+def entry_point() -> int:
+    """``python -m ibpo_lit`` and the ``ibpo-lit`` command: an exit status, not the CLI object."""
     result = main()
-    if isinstance(result, int):
-        sys.exit(result)
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(entry_point())

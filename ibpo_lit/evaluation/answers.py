@@ -23,28 +23,18 @@ import logging
 import threading
 
 import sympy
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
+
+from ibpo_lit.rewards.math import parse_completion
 
 logger = logging.getLogger(__name__)
 
-GSM8K_MARKER = "####"
 PARSE_TIMEOUT_S = 5
-_CONFIG = (LatexExtractionConfig(), ExprExtractionConfig())  # the completion config of math_score
-
-
-def _parse(text: str) -> list:
-    timeout = PARSE_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-    return parse(text, extraction_config=_CONFIG, parsing_timeout=timeout, raise_on_error=False)
 
 
 def _parse_completion(completion: str) -> list:
-    if GSM8K_MARKER in completion:
-        tail = completion.rsplit(GSM8K_MARKER, 1)[1].strip()
-        line = tail.splitlines()[0] if tail else ""
-        parsed = _parse(line) if line else []
-        if parsed:
-            return parsed
-    return _parse(completion)
+    # SIGALRM-based: a timeout only in the main thread (where the evaluate CLI runs).
+    timeout = PARSE_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    return parse_completion(completion, parsing_timeout=timeout)
 
 
 def canonical_answer(parsed) -> str:

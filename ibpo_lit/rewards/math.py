@@ -76,18 +76,22 @@ def extract_gsm8k_gold(answer: str) -> str:
     return answer.rsplit(GSM8K_MARKER, 1)[1].replace(",", "").strip()
 
 
-def _parse(text: str, config) -> list:
-    return parse(text, extraction_config=config, parsing_timeout=None, raise_on_error=True)
+def _parse(text: str, config, parsing_timeout: int | None = None) -> list:
+    return parse(text, extraction_config=config, parsing_timeout=parsing_timeout, raise_on_error=True)
 
 
-def _parse_completion(completion: str) -> list:
+def parse_completion(completion: str, parsing_timeout: int | None = None) -> list:
+    """math-verify's parse of a completion's final answer: the first line after the last
+    ``####`` when it parses, else math-verify's default extraction over the whole text.
+    The one rule for where an answer is read from (scoring and majority voting share it).
+    ``parsing_timeout`` (SIGALRM) works only in the main thread; raises on parser errors."""
     if GSM8K_MARKER in completion:
         tail = completion.rsplit(GSM8K_MARKER, 1)[1].strip()
         line = tail.splitlines()[0] if tail else ""
-        parsed = _parse(line, _COMPLETION_CONFIG) if line else []
+        parsed = _parse(line, _COMPLETION_CONFIG, parsing_timeout) if line else []
         if parsed:
             return parsed
-    return _parse(completion, _COMPLETION_CONFIG)
+    return _parse(completion, _COMPLETION_CONFIG, parsing_timeout)
 
 
 def math_score_inprocess(completion: str, gold: str) -> float | None:
@@ -108,7 +112,7 @@ def math_score_inprocess(completion: str, gold: str) -> float | None:
         if not any(not isinstance(g, str) for g in gold_parsed):  # only a raw-string fallback
             logger.debug("gold does not parse: %r", gold)
             return None
-        answer = _parse_completion(completion)
+        answer = parse_completion(completion)
         if not answer:
             return 0.0
         ok = verify(gold_parsed, answer, timeout_seconds=None, raise_on_error=True)
