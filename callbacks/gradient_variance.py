@@ -112,10 +112,13 @@ class GradientVarianceLogger(Callback):
             "seconds": seconds,
             **stats,
         }
-        for key in ("trace", "relative", "mean_sq_norm"):
-            if math.isfinite(stats[key]):
-                pl_module.log(f"grad_var/{key}", stats[key], on_step=True, on_epoch=False, batch_size=1)
-        pl_module.log("grad_var/seconds", seconds, on_step=True, on_epoch=False, batch_size=1)
+        metrics = {f"grad_var/{key}": stats[key] for key in ("trace", "relative", "mean_sq_norm") if math.isfinite(stats[key])}
+        metrics["grad_var/seconds"] = seconds
+        # Straight to the loggers, at this step only: through `pl_module.log`, Lightning
+        # re-emits a step metric's last value on the steps in between, so a measurement
+        # taken every N steps would appear N times.
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
 
     # --------------------------------------------------------------- pieces
     def select_parameters(self, model: torch.nn.Module) -> tuple[list[str], list[Tensor]]:

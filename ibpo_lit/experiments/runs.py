@@ -47,6 +47,18 @@ def read_scalars(log_dir: str, tags: Iterable[str] = SERIES) -> dict[str, list[t
     return out
 
 
+def _drop_repeats(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """Drop a point that repeats the previous step's value exactly. Runs logged before
+    GradientVarianceLogger wrote to the loggers directly got each measurement re-emitted
+    by Lightning on the steps in between; two real measurements are never bit-identical."""
+    out: list[tuple[int, float]] = []
+    for step, value in sorted(points):
+        if out and out[-1][1] == value and step == out[-1][0] + 1:
+            continue
+        out.append((step, value))
+    return out
+
+
 def at_compute(series: dict[str, list[tuple[int, float]]], tag: str, compute: str = "compute/flops") -> list[tuple[float, float]]:
     """``tag`` against cumulative compute: each value paired with the compute logged at the
     same step (validation runs between steps, so it takes the last compute at or before)."""
@@ -67,6 +79,8 @@ def summarize_run(log_dir: str, arm: str, seed: int, baseline_val: float | None 
     step's reward is a handful of prompts); ``final_val`` the last validation accuracy.
     """
     series = read_scalars(log_dir)
+    for tag in [t for t in series if t.startswith("grad_var/")]:
+        series[tag] = _drop_repeats(series[tag])
 
     def values(tag: str) -> list[float]:
         return [v for _, v in sorted(series.get(tag, [])) if not math.isnan(v)]
