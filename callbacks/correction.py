@@ -118,10 +118,10 @@ class CorrectionRollouts(Callback):
             sampling = replace(sampling, max_new_tokens=self.max_new_tokens)
         seeds = rollout_seeds(pl_module.rollout_cfg.seed, step.step, CORRECTIONS, len(pairs) * self.k)
         batch = pl_module.engine.generate(prompt_ids, n=self.k, seeds=seeds, sampling=sampling)
-        texts = tokenizer.batch_decode(batch.response_lists(), skip_special_tokens=True)
+        corrected = batch.response_lists()
+        texts = tokenizer.batch_decode(corrected, skip_special_tokens=True)
         source = [pairs[m][0] for m in batch.group_index.tolist()]  # the wrong rollout each sample corrects
         scores = pl_module.score(texts, [step.prompts[groups[i]] for i in source])
-        corrected = batch.response_lists()
 
         # Shaping uses the first correction of each wrong rollout (row m * k).
         firsts = [m * self.k for m in range(len(pairs))]
