@@ -5,10 +5,24 @@ no time limit (``"math"`` is `math_score_inprocess`). To score with a hard timeo
 by name in a `RewardPool` (worker processes, killed past the timeout); `math_score` and
 `math_scores` do that for "math" through a shared default pool.
 
+``"code"`` is `code_reward`: the gold is `CodeTests.to_gold()` and the program runs in a sandbox
+with its own time limit (`ibpo_lit.rewards.code`); `run_tests` and `code_score` run tests given
+directly, and `SandboxPool` runs several programs at once and counts their statuses.
+
 Keep this package light (no torch, no Lightning): pool workers import it.
 """
 from __future__ import annotations
 
+from ibpo_lit.rewards.code import (
+    CodeResult,
+    CodeTests,
+    SandboxError,
+    code_reward,
+    code_score,
+    extract_code,
+    run_code_tests,
+    run_tests,
+)
 from ibpo_lit.rewards.math import (
     RewardFn,
     extract_gsm8k_gold,
@@ -17,9 +31,11 @@ from ibpo_lit.rewards.math import (
     math_scores,
 )
 from ibpo_lit.rewards.pool import RewardPool
+from ibpo_lit.rewards.sandbox.pool import SandboxPool
 
 REWARDS: dict[str, RewardFn] = {
     "math": math_score_inprocess,
+    "code": code_reward,
 }
 
 
@@ -37,11 +53,20 @@ def get_reward(name: str) -> RewardFn:
 
 __all__ = [
     "REWARDS",
+    "CodeResult",
+    "CodeTests",
     "RewardFn",
     "RewardPool",
+    "SandboxError",
+    "SandboxPool",
+    "code_reward",
+    "code_score",
+    "extract_code",
     "extract_gsm8k_gold",
     "get_reward",
     "math_score",
     "math_score_inprocess",
     "math_scores",
+    "run_code_tests",
+    "run_tests",
 ]

@@ -79,4 +79,4 @@ def test_registry():
     assert get_reward("math") is math_score_inprocess
     assert "math" in REWARDS
     with pytest.raises(ValueError, match=r"unknown reward 'code'.*'math'"):
-        get_reward("code")
+        get_reward("chess")

@@ -1,0 +1,317 @@
+"""Code tasks: HumanEval, MBPP (full and sanitized) and LiveCodeBench files as `CodeTask`s.
+
+Each task carries the problem text to show the model, its tests as a `CodeTests` (what the
+sandbox runs), the gold string for ``REWARDS["code"]`` (``CodeTests.to_gold()``) and, where the
+benchmark has one, the reference solution. `CodeTask.to_record` gives the `Record` the
+datamodule's record source takes (problem, gold, uid).
+
+What is covered:
+- HumanEval (``task_id``, ``prompt``, ``entry_point``, ``canonical_solution``, ``test``): the
+  program is ``prompt + completion`` (so a completion may be a bare body or a whole function);
+  one test, the file's ``check`` called on the entry point. The prompt is also the judge's
+  prelude (helpers such as ``poly`` that ``check`` calls stay trusted); the entry point is
+  always taken from the program.
+- MBPP full (``text``, ``code``, ``test_list``, ``test_setup_code``, ...): ``\\r\\n`` turned into
+  ``\\n``; the tests are ``test_list`` (``challenge_test_list`` is not used); ``test_setup_code``
+  runs after the solution (tasks 367 and 927 build ``Node`` objects from the solution's class).
+  MBPP sanitized (``prompt`` instead of ``text``; ``test_imports``): the imports run both in the
+  program after the solution (as upstream puts them before the tests in one file) and in the
+  judge. The functions under test are the reference's top-level definitions that the tests
+  name (so task 126's ``sum`` is the program's, not the builtin). The problem text is the task
+  followed by ``shown_tests`` of its asserts (all three by default, as in the original MBPP
+  prompt; fewer makes memorising them harder in training). Splits by ``task_id``: 1-10
+  "prompt", 11-510 "test", 511-600 "validation", 601-974 "train".
+- LiveCodeBench (``question_title``, ``question_content``, ``platform``, ``question_id``,
+  ``contest_date``, ``starter_code``, ``difficulty``, ``public_test_cases``,
+  ``private_test_cases``, ``metadata``): test cases are a JSON list of ``{input, output,
+  testtype}``; private ones may instead be base64(zlib(pickle(json))) as in
+  ``code_generation_lite`` (unpickled with every class lookup refused: only a str comes out).
+  ``stdin`` problems are run once per test case on stdin; ``functional`` ones become asserts
+  ``Solution().<func_name>(*args) == expected`` (a returned tuple compared as a list, as
+  LiveCodeBench does). Both get LiveCodeBench's import header as prefix, stop at the first
+  failed test, and use LiveCodeBench's prompt wording. ``start_date``/``end_date`` filter on
+  ``contest_date`` (v6 is 2025-02-01 to 2025-05-31).
+- `extract_code` (re-exported from `ibpo_lit.rewards.code`): the last ```python block, else the
+  last plain ``` block, else the raw text.
+
+What is not covered:
+- Downloading: the files are local JSON Lines (the shared data folder; LiveCodeBench v6 is not
+  there, the tests use small hand-written files in its format).
+- Few-shot prompts (MBPP's tasks 1-10 are just a split here).
+"""
+from __future__ import annotations
+
+import ast
+import base64
+import io
+import json
+import pickle
+import warnings
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+
+from ibpo_lit.data.records import BadRecordError, Record
+from ibpo_lit.rewards.code import CodeTests, extract_code
+
+CODE_INSTRUCTION = "Write your solution in Python, in a single ```python code block."
+CODE_CORRECTION_INSTRUCTION = (
+    "You are given two candidate Python solutions to the same programming problem. Compare them step "
+    "by step, identify any bugs or inconsistencies, and then write a corrected solution in a single "
+    "```python code block."
+)
+MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}
+LCB_FUNCTIONAL_FORMAT = ("You will use the following starter code to write the solution to the problem and "
+                         "enclose your code within delimiters.")
+LCB_STDIN_FORMAT = ("Read the inputs from stdin solve the problem and write the answer to stdout (do not "
+                    "directly test on the sample inputs). Enclose your code within delimiters as follows. "
+                    "Ensure that when the python program runs, it reads the inputs, runs the algorithm and "
+                    "writes output to STDOUT.")
+_LCB_MODULES = ("string", "re", "datetime", "collections", "heapq", "bisect", "copy", "math", "random",
+                "statistics", "itertools", "functools", "operator", "io", "sys", "json")
+# LiveCodeBench's header (lcb_runner testing_util.import_string): star imports, then plain imports.
+LCB_IMPORTS = ("".join(f"from {m} import *\n" for m in (*_LCB_MODULES, "builtins", "typing"))
+               + "".join(f"import {m}\n" for m in _LCB_MODULES) + "sys.setrecursionlimit(50000)\n")
+_LCB_PRELUDE = "def _as_lcb(x):\n    return list(x) if isinstance(x, tuple) else x\n"
+
+__all__ = [
+    "CODE_CORRECTION_INSTRUCTION", "CODE_INSTRUCTION", "CODE_LOADERS", "CodeTask", "extract_code",
+    "load_code_tasks", "load_humaneval", "load_livecodebench", "load_mbpp", "load_mbpp_sanitized",
+    "mbpp_split",
+]
+
+
+@dataclass(frozen=True)
+class CodeTask:
+    uid: str  # "HumanEval/0", "mbpp/601", "mbpp_sanitized/602", LiveCodeBench's question_id
+    problem: str  # the text shown to the model (without the answer-format instruction)
+    spec: CodeTests  # what the sandbox runs
+    gold: str  # spec.to_gold(): the gold string of REWARDS["code"]
+    entry_point: str | None = None  # the function (or class) under test, where there is one
+    reference: str | None = None  # the benchmark's own solution, where it has one
+    split: str | None = None  # MBPP's split by task_id
+    meta: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def tests(self) -> tuple:
+        return self.spec.tests
+
+    @property
+    def setup(self) -> str:
+        return self.spec.setup
+
+    def to_record(self) -> Record:
+        return Record(problem=self.problem, gold=self.gold, uid=self.uid)
+
+
+def _task(uid: str, problem: str, spec: CodeTests, **kwargs) -> CodeTask:
+    return CodeTask(uid=uid, problem=problem, spec=spec, gold=spec.to_gold(), **kwargs)
+
+
+def _read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such JSONL file: {path}")
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise BadRecordError(path, line_no, None, f"malformed JSON: {e}") from None
+            if not isinstance(obj, dict):
+                raise BadRecordError(path, line_no, None, f"expected a JSON object, got {type(obj).__name__}")
+            yield line_no, obj
+
+
+def _field(obj: dict, key: str, path, line: int, kind: type = str):
+    if key not in obj:
+        raise BadRecordError(path, line, key, "missing")
+    value = obj[key]
+    if not isinstance(value, kind):
+        raise BadRecordError(path, line, key, f"expected {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _limited(tasks: Iterator[CodeTask], limit: int | None) -> list[CodeTask]:
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1 or None, got {limit}")
+    return list(islice(tasks, limit))
+
+
+# ------------------------------------------------------------------ HumanEval
+def load_humaneval(path: str | Path, limit: int | None = None) -> list[CodeTask]:
+    """HumanEval problems from ``HumanEval.jsonl`` (gunzipped), in file order."""
+    def tasks():
+        for line, obj in _read_jsonl(path):
+            prompt, entry = _field(obj, "prompt", path, line), _field(obj, "entry_point", path, line)
+            test = _field(obj, "test", path, line)
+            spec = CodeTests(kind="assert", tests=(f"{test}\ncheck({entry})\n",), prefix=prompt,
+                             prelude=prompt, remote=(entry,))
+            problem = f"Complete the following Python function:\n\n```python\n{prompt}```"
+            yield _task(_field(obj, "task_id", path, line), problem, spec, entry_point=entry,
+                        reference=prompt + obj.get("canonical_solution", ""))
+    return _limited(tasks(), limit)
+
+
+# ------------------------------------------------------------------ MBPP
+def mbpp_split(task_id: int) -> str:
+    """The conventional MBPP split of ``task_id``."""
+    for name, (lo, hi) in MBPP_SPLITS.items():
+        if lo <= task_id <= hi:
+            return name
+    raise ValueError(f"MBPP task_id {task_id} is outside 1..974")
+
+
+def _parse(source: str) -> ast.Module:
+    with warnings.catch_warnings():  # MBPP's regexes use invalid escapes ("\\d"): not our concern here
+        warnings.simplefilter("ignore", (DeprecationWarning, SyntaxWarning))
+        return ast.parse(source)
+
+
+def _defined_names(code: str) -> set[str]:
+    try:
+        tree = _parse(code)
+    except SyntaxError:
+        return set()
+    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+
+
+def _used_names(tests: list[str]) -> set[str]:
+    names = set()
+    for t in tests:
+        names |= {n.id for n in ast.walk(_parse(t)) if isinstance(n, ast.Name)}
+    return names
+
+
+def _mbpp_tasks(path, variant: str, split: str | None, shown_tests: int | None) -> Iterator[CodeTask]:
+    if split is not None and split not in MBPP_SPLITS:
+        raise ValueError(f"split must be one of {tuple(MBPP_SPLITS)} or None, got {split!r}")
+    text_key = "text" if variant == "mbpp" else "prompt"
+    for line, obj in _read_jsonl(path):
+        task_id = _field(obj, "task_id", path, line, int)
+        if split is not None and mbpp_split(task_id) != split:
+            continue
+        code = _field(obj, "code", path, line).replace("\r\n", "\n")
+        tests = [t.replace("\r\n", "\n") for t in _field(obj, "test_list", path, line, list)]
+        try:
+            remote = sorted(_defined_names(code) & _used_names(tests))
+        except SyntaxError as e:
+            raise BadRecordError(path, line, "test_list", f"a test does not parse: {e}") from None
+        if variant == "mbpp":
+            setup, prelude = obj.get("test_setup_code", "").replace("\r\n", "\n"), ""
+        else:
+            setup = prelude = "".join(f"{imp}\n" for imp in obj.get("test_imports", []))
+        shown = tests if shown_tests is None else tests[:shown_tests]
+        problem = _field(obj, text_key, path, line).strip()
+        if shown:
+            problem += "\nYour code should pass these tests:\n\n" + "\n".join(shown)
+        spec = CodeTests(kind="assert", tests=tuple(tests), setup=setup, prelude=prelude, remote=tuple(remote))
+        # The entry point: of the tested definitions, the one the first test names first.
+        entry = min(remote, key=lambda n: tests[0].find(n) % (len(tests[0]) + 1), default=None)
+        yield _task(f"{variant}/{task_id}", problem, spec, entry_point=entry, reference=code,
+                    split=mbpp_split(task_id))
+
+
+def load_mbpp(path: str | Path, split: str | None = None, limit: int | None = None,
+              shown_tests: int | None = None) -> list[CodeTask]:
+    """MBPP (full, ``mbpp.jsonl``) tasks, optionally of one split; ``shown_tests`` None shows all."""
+    return _limited(_mbpp_tasks(path, "mbpp", split, shown_tests), limit)
+
+
+def load_mbpp_sanitized(path: str | Path, split: str | None = None, limit: int | None = None,
+                        shown_tests: int | None = None) -> list[CodeTask]:
+    """MBPP sanitized (``sanitized-mbpp.json`` as JSON Lines) tasks, optionally of one split."""
+    return _limited(_mbpp_tasks(path, "mbpp_sanitized", split, shown_tests), limit)
+
+
+# ------------------------------------------------------------------ LiveCodeBench
+class _NoClasses(pickle.Unpickler):
+    def find_class(self, module, name):  # a JSON string needs none; anything else is refused
+        raise pickle.UnpicklingError(f"refused to load {module}.{name}")
+
+
+def decode_test_cases(raw: str) -> list[dict]:
+    """LiveCodeBench test cases: a JSON list, or base64(zlib(pickle(json string)))."""
+    if raw.lstrip().startswith("["):
+        cases = json.loads(raw)
+    else:
+        text = _NoClasses(io.BytesIO(zlib.decompress(base64.b64decode(raw)))).load()
+        if not isinstance(text, str):
+            raise ValueError(f"encoded test cases hold a {type(text).__name__}, not a JSON string")
+        cases = json.loads(text)
+    if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
+        raise ValueError("test cases must be a list of objects")
+    return cases
+
+
+def _lcb_assert(func: str, case: dict) -> str:
+    args = [json.loads(line) for line in case["input"].split("\n") if line.strip()]
+    expected = json.loads(case["output"])
+    return f"assert _as_lcb(Solution().{func}(*{args!r})) == {expected!r}"
+
+
+def load_livecodebench(path: str | Path, limit: int | None = None, start_date: str | None = None,
+                       end_date: str | None = None, timeout_s: float | None = None) -> list[CodeTask]:
+    """LiveCodeBench problems (``code_generation_lite`` rows); dates are ISO ``YYYY-MM-DD``, inclusive.
+
+    ``timeout_s`` is the limit for the whole run (None: 6 s plus 0.5 s per test, at most 60 s).
+    """
+    def tasks():
+        for line, obj in _read_jsonl(path):
+            date = str(obj.get("contest_date", ""))[:10]
+            if (start_date and date < start_date) or (end_date and date > end_date):
+                continue
+            content, starter = _field(obj, "question_content", path, line), obj.get("starter_code") or ""
+            try:
+                cases = decode_test_cases(_field(obj, "public_test_cases", path, line))
+                if obj.get("private_test_cases"):
+                    cases += decode_test_cases(obj["private_test_cases"])
+                metadata = json.loads(obj.get("metadata") or "{}")
+            except (ValueError, zlib.error, pickle.UnpicklingError) as e:
+                raise BadRecordError(path, line, "test cases", str(e)) from None
+            kinds = {c.get("testtype") for c in cases}
+            if len(kinds) != 1 or not kinds <= {"stdin", "functional"}:
+                raise BadRecordError(path, line, "test cases", f"expected one testtype, got {sorted(map(str, kinds))}")
+            limit_s = timeout_s or min(60.0, 6.0 + 0.5 * len(cases))
+            if kinds == {"functional"}:
+                func = metadata.get("func_name")
+                if not func:
+                    raise BadRecordError(path, line, "metadata", "functional problem without func_name")
+                spec = CodeTests(kind="assert", tests=tuple(_lcb_assert(func, c) for c in cases), prefix=LCB_IMPORTS,
+                                 prelude=_LCB_PRELUDE, remote=("Solution",), stop_at_first_failure=True,
+                                 timeout_s=limit_s)
+                problem = f"{content}\n\n{LCB_FUNCTIONAL_FORMAT}\n```python\n{starter}\n```"
+            else:
+                func = None
+                spec = CodeTests(kind="stdin", tests=tuple({"input": c["input"], "output": c["output"]} for c in cases),
+                                 prefix=LCB_IMPORTS, stop_at_first_failure=True, timeout_s=limit_s)
+                problem = f"{content}\n\n{LCB_STDIN_FORMAT}\n```python\n# YOUR CODE HERE\n```"
+            meta = {k: obj.get(k) for k in ("question_title", "platform", "contest_id", "contest_date", "difficulty")}
+            yield _task(str(_field(obj, "question_id", path, line)), problem, spec, entry_point=func, meta=meta)
+    return _limited(tasks(), limit)
+
+
+# ------------------------------------------------------------------ by name
+CODE_LOADERS = {
+    "humaneval": load_humaneval,
+    "mbpp": load_mbpp,
+    "mbpp_sanitized": load_mbpp_sanitized,
+    "livecodebench": load_livecodebench,
+}
+
+
+def load_code_tasks(name: str, path: str | Path, **kwargs) -> list[CodeTask]:
+    """The tasks of code benchmark ``name`` from ``path``; ``kwargs`` go to its loader.
+
+    Raises:
+        ValueError: unknown name (the message lists the valid names).
+    """
+    try:
+        loader = CODE_LOADERS[name]
+    except KeyError:
+        raise ValueError(f"unknown code benchmark {name!r}; valid names: {sorted(CODE_LOADERS)}") from None
+    return loader(path, **kwargs)

@@ -1,0 +1,273 @@
+"""The code sandbox: scores, statuses, gold strings, values across the pipe, stdin tests, pools."""
+import json
+import math
+import os
+import time
+
+import pytest
+
+from ibpo_lit.rewards import (
+    REWARDS,
+    CodeTests,
+    RewardPool,
+    SandboxError,
+    SandboxPool,
+    code_reward,
+    code_score,
+    get_reward,
+    run_code_tests,
+    run_tests,
+)
+from ibpo_lit.rewards.sandbox.isolation import Isolation, detect_isolation
+from ibpo_lit.rewards.sandbox.judge import free_names, module_names, outputs_match
+from ibpo_lit.rewards.sandbox.wire import WireError, decode, encode, read_frame, write_frame
+
+ADD = "def add(a, b):\n    return a + b\n"
+ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-4, 9) == 5", "assert add('a', 'b') == 'ab'"]
+
+
+# ------------------------------------------------------------------ scores and statuses
+def test_pass_fail_and_fraction():
+    r = run_tests(ADD, ADD_TESTS)
+    assert (r.passed, r.total, r.status, r.tests) == (3, 3, "pass", ("pass", "pass", "pass"))
+    assert r.fraction == 1.0 and r.seconds < 5 and r.run_id
+    # a + b + 1 fails the two int tests and raises on the str test: 0 of 3, first non-pass is "fail"
+    r = run_tests("def add(a, b):\n    return a + b + 1\n", ADD_TESTS)
+    assert (r.passed, r.status, r.tests) == (0, "fail", ("fail", "fail", "error"))
+    assert code_score("def add(a, b):\n    return a + b if isinstance(a, int) else 'x'\n", ADD_TESTS) == 2 / 3
+
+
+def test_markdown_completion_is_extracted():
+    completion = f"Here it is:\n```python\n{ADD}```\nThat should work. ```\nnot code\n```"
+    assert code_score(completion, ADD_TESTS) == 1.0
+    assert code_score(completion, ADD_TESTS, extract=False) == 0.0  # the raw text does not compile
+
+
+@pytest.mark.parametrize(
+    "program, status",
+    [
+        ("def add(a, b) return a\n", "error"),  # syntax error
+        ("raise RuntimeError('at import')\n", "error"),
+        ("def other():\n    pass\n", "error"),  # no add: NameError in every test
+        ("def add(a, b):\n    raise ValueError('no')\n", "error"),
+        ("def add(a, b):\n    return bytearray(8 << 30)\n", "memory"),
+        ("def add(a, b):\n    while True:\n        pass\n", "timeout"),
+    ],
+)
+def test_statuses(program, status):
+    r = run_tests(program, ADD_TESTS, timeout_s=1.5)
+    assert (r.passed, r.status) == (0, status), r.detail
+
+
+def test_stop_at_first_failure_counts_the_rest_as_not_run():
+    r = run_tests("def add(a, b):\n    return 3\n", ADD_TESTS, stop_at_first_failure=True)
+    assert r.tests == ("pass", "fail", "not_run") and r.passed == 1
+
+
+def test_broken_tests_are_unscorable_not_zero():
+    with pytest.raises(SandboxError, match="bad prelude or tests"):
+        run_tests(ADD, ["assert add(1, 2) =="])
+    assert code_score(ADD, ["assert add(1, 2) =="]) is None
+    with pytest.raises(ValueError, match="tests must not be empty"):
+        run_tests(ADD, [])
+
+
+# ------------------------------------------------------------------ gold strings and the reward
+def test_gold_roundtrip_and_validation():
+    spec = CodeTests(tests=ADD_TESTS, setup="x = 1", prelude="import math", remote=("add",), timeout_s=3.0)
+    assert CodeTests.from_gold(spec.to_gold()) == spec
+    assert json.loads(spec.to_gold())["v"] == 1
+    with pytest.raises(ValueError, match="kind must be one of"):
+        CodeTests(kind="java", tests=ADD_TESTS)
+    with pytest.raises(ValueError, match="stdin tests must be"):
+        CodeTests(kind="stdin", tests=["assert 1"])
+    for bad in ("not json", "[1]", '{"tests": ["assert 1"]}', '{"v": 1, "tests": ["assert 1"], "oops": 1}'):
+        with pytest.raises(ValueError):
+            CodeTests.from_gold(bad)
+
+
+def test_code_reward_is_registered_and_binary_by_default():
+    assert get_reward("code") is code_reward is REWARDS["code"]
+    gold = CodeTests(tests=ADD_TESTS).to_gold()
+    half = "def add(a, b):\n    return a + b if isinstance(a, int) else 'x'\n"
+    assert code_reward(ADD, gold) == 1.0
+    assert code_reward(half, gold) == 0.0  # METHOD.md: 1 correct, 0 wrong
+    assert code_reward(half, CodeTests(tests=ADD_TESTS, reward="fraction").to_gold()) == 2 / 3
+    assert code_reward(ADD, "not a gold") is None
+
+
+def test_code_reward_runs_in_a_reward_pool_worker():
+    gold = CodeTests(tests=ADD_TESTS).to_gold()
+    with RewardPool("code", num_workers=1, timeout_s=60) as pool:
+        assert pool.score([(ADD, gold), ("def add(a, b):\n    return 0\n", gold)]) == [1.0, 0.0]
+
+
+# ------------------------------------------------------------------ what crosses the pipe
+def test_values_handles_and_shadowed_builtins():
+    program = (
+        "import collections\n"
+        "class Box:\n    def __init__(self, v):\n        self.v = v\n        self.items = [v, v]\n"
+        "    def __len__(self):\n        return 2\n    def __str__(self):\n        return f'Box({self.v})'\n"
+        "def make(v):\n    return Box(v)\n"
+        "def gen(n):\n    yield from range(n)\n"
+        "def counts(s):\n    return collections.Counter(s)\n"
+        "def big():\n    return 3 ** 200, float('inf'), {(1, 2): frozenset({b'x'})}, 1 + 2j\n"
+        "def sum(a, b):\n    return a * b\n"  # shadows the builtin, as MBPP task 126 does
+        "def fill(box):\n    box.v = 7\n    return box\n"
+    )
+    tests = [
+        "assert list(gen(3)) == [0, 1, 2]",
+        "assert counts('aab') == {'a': 2, 'b': 1}",
+        "assert big() == (3 ** 200, float('inf'), {(1, 2): frozenset({b'x'})}, 1 + 2j)",
+        "b = make(4)\nassert b.v == 4 and b.items == [4, 4] and len(b) == 2 and str(b) == 'Box(4)'",
+        "b = make(1)\nb.v = 9\nassert fill(b).v == 7 and b.v == 7",
+        "assert make(1) != make(1) and make(1) != 1",  # handles compare by identity only
+        "assert sum(3, 4) == 12",
+        "assert math.isclose(sum(0.5, 0.5), 0.25)",  # math: the judge's own module
+    ]
+    r = run_tests(program, tests, remote=("sum",))
+    assert r.tests == ("pass",) * len(tests), r.detail
+
+
+def test_setup_runs_after_the_program_and_prelude_in_the_judge():
+    program = "class Node:\n    def __init__(self, v):\n        self.v, self.left = v, None\n" \
+              "def depth(n):\n    return 0 if n is None else 1 + depth(n.left)\n"
+    setup = "root = Node(1)\nroot.left = Node(2)\nroot.left.left = Node(3)\n"
+    r = run_tests(program, ["assert depth(root) == 3", "assert helper(2) == 4"], setup=setup,
+                  prelude="def helper(x):\n    return x * 2\n")
+    assert r.tests == ("pass", "pass"), r.detail
+
+
+def test_program_exceptions_keep_their_builtin_type():
+    program = "def parse(s):\n    return int(s)\n"
+    tests = ["try:\n    parse('x')\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError"]
+    assert run_tests(program, tests).status == "pass"
+
+
+# ------------------------------------------------------------------ stdin tests
+STDIN_TESTS = [{"input": "3\n1 2 3\n", "output": "6\n"}, {"input": "2\n5 5\n", "output": "10"}]
+
+
+def test_stdin_program():
+    program = "n = int(input())\nprint(sum(map(int, input().split())))\n"
+    assert run_tests(program, STDIN_TESTS, kind="stdin").status == "pass"
+    fd0 = "import sys\nd = sys.stdin.buffer.read().split()\nsys.stdout.write(str(sum(map(int, d[1:]))) + '\\n')\n"
+    assert run_tests(fd0, STDIN_TESTS, kind="stdin").status == "pass"
+    wrong = run_tests("input()\nprint(6)\n", STDIN_TESTS, kind="stdin")
+    assert wrong.tests == ("pass", "fail")
+    crash = run_tests("raise SystemExit(3)\n", STDIN_TESTS, kind="stdin", stop_at_first_failure=True)
+    assert crash.tests == ("error", "not_run") and crash.status == "error"
+
+
+def test_stdin_output_is_capped_and_loops_time_out():
+    flood = run_tests("while True:\n    print('x' * 4096)\n", STDIN_TESTS[:1], kind="stdin", timeout_s=5)
+    assert flood.status == "fail" and "output limit" in flood.detail
+    start = time.monotonic()
+    loop = run_tests("while True:\n    pass\n", STDIN_TESTS, kind="stdin", timeout_s=1.0)
+    assert loop.tests == ("timeout", "not_run") and time.monotonic() - start < 6
+
+
+@pytest.mark.parametrize(
+    "got, expected, same",
+    [
+        ("6\n", "6", True),
+        ("  1 2 \n3\n\n", "1 2\n3", True),
+        ("1.50\n", "1.5\n", True),  # decimals compared as numbers
+        ("1.5000001\n", "1.5\n", False),
+        ("1\n2\n", "1\n", False),
+        ("abc\n", "abd\n", False),
+    ],
+)
+def test_outputs_match(got, expected, same):
+    assert outputs_match(got, expected) is same
+
+
+# ------------------------------------------------------------------ pool
+def test_sandbox_pool_counts_statuses_and_keeps_order():
+    gold = CodeTests(tests=ADD_TESTS, timeout_s=1.5).to_gold()
+    pairs = [
+        (ADD, gold),
+        ("def add(a, b):\n    return 0\n", gold),
+        ("def add(a, b):\n    while True:\n        pass\n", gold),
+        ("x = bytearray(8 << 30)\n", gold),
+        ("def add(a, b) return\n", gold),
+        (ADD, "not a gold"),
+        (ADD, gold),
+    ]
+    with SandboxPool(num_workers=2) as pool:
+        start = time.monotonic()
+        results = pool.run(pairs)
+        assert time.monotonic() - start < 15
+        assert [r.status if r else None for r in results] == ["pass", "fail", "timeout", "memory", "error", None, "pass"]
+        assert dict(pool.stats) == {"pass": 2, "fail": 1, "timeout": 1, "memory": 1, "error": 1, "unscorable": 1}
+        assert pool.score(pairs[:2]) == [1.0, 0.0]
+        assert pool.submit(ADD, gold).result().status == "pass"
+
+
+# ------------------------------------------------------------------ the wire and the judge's helpers
+def test_wire_roundtrip_gives_exact_builtin_types():
+    class MyInt(int):
+        def __eq__(self, other):
+            return True
+
+    value = [None, True, MyInt(5), 2 ** 100, -(2 ** 70), math.inf, "é", (1, [2]), {3}, frozenset({4}),
+             {"k": {(1, 2): b"\x00"}}, bytearray(b"ab"), 1j]
+    back = decode(encode(value, _no_other), _no_ref)
+    assert back == value and type(back[2]) is int and back[2] != 6
+    with pytest.raises(TypeError):
+        encode(object(), _no_other)
+    for bad in ([1], {"zz": 1}, {"l": 1}, {"i": "xyz"}, {"d": [[[1], 2]]}):
+        with pytest.raises(WireError):
+            decode(bad, _no_ref)
+
+
+def test_frames_refuse_oversize():
+    r, w = os.pipe()
+    try:
+        write_frame(w, {"l": ["x" * 100]})
+        with pytest.raises(WireError, match="exceeds the limit"):
+            read_frame(r, 50)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_free_and_module_names():
+    import ast
+
+    tree = ast.parse("import os\nassert f(x) == math.pi\nfor i in range(3):\n    g(i)\ndef h(y):\n    return y\nh(z)")
+    assert free_names(tree) == {"f", "x", "math", "range", "g", "z"}
+    assert module_names(tree) == {"math"}
+
+
+def _no_other(obj):
+    raise TypeError(type(obj).__name__)
+
+
+def _no_ref(tag, value, data):
+    raise WireError(tag)
+
+
+# ------------------------------------------------------------------ isolation
+def test_without_os_isolation_the_verdict_is_still_the_judges():
+    iso = Isolation()
+    assert any("network is NOT isolated" in gap for gap in iso.gaps)
+    assert run_tests(ADD, ADD_TESTS, isolation=iso).status == "pass"
+    r = run_tests("class E:\n    def __eq__(self, o):\n        return True\ndef add(a, b):\n    return E()\n",
+                  ADD_TESTS, isolation=iso, timeout_s=2)
+    assert r.passed == 0
+    assert run_tests("def add(a, b):\n    while True: pass\n", ADD_TESTS, isolation=iso, timeout_s=1).status == "timeout"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the full sandbox needs root here")
+def test_detected_isolation_as_root():
+    iso = detect_isolation()
+    if not iso.pidns:
+        pytest.skip("unshare with PID and network namespaces is not available")
+    assert iso.network and iso.mount and iso.drop_to == 65534
+    program = ("import os, socket\n"
+               "def who():\n    return os.getuid(), os.getgid(), os.getgroups(), os.getcwd(), sorted(os.environ)\n"
+               "def pids():\n    return [p for p in os.listdir('/proc') if p.isdigit()]\n")
+    r = run_tests(program, ["assert who() == (65534, 65534, [], '/tmp', "
+                            "['HOME', 'LANG', 'LC_ALL', 'OMP_NUM_THREADS', 'PATH'])", "assert pids() == ['1']"])
+    assert r.status == "pass", r.detail
