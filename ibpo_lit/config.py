@@ -8,6 +8,7 @@ from typing import Literal, Optional
 from ibpo_lit.algorithms.registry import ADVANTAGE_SCALES, AGGREGATIONS, POLICY_LOSSES, SHAPING_VARIANTS
 from ibpo_lit.algorithms.shaping import validate_shaping
 from ibpo_lit.rollout.engine import SamplingConfig
+from ibpo_lit.rollout.vllm_engine import VLLMConfig
 
 
 @dataclass
@@ -74,8 +75,11 @@ class RolloutConfig:
 
     Args:
         group_size: G, responses sampled per prompt.
-        backend: Rollout engine: ``hf`` (transformers, shares the trained model).
+        backend: Rollout engine: ``hf`` (transformers, samples from the trained model itself)
+            or ``vllm`` (a colocated vLLM engine; add ``callbacks.VLLMWeightSync`` to
+            ``trainer.callbacks`` so it gets the policy's weights).
         sampling: Decoding settings of the training rollouts.
+        vllm: Settings of the vLLM engine (``backend: vllm`` only).
         num_mini_batches: Optimizer steps per rollout batch (PPO-style). 1 = on-policy.
         micro_batch_size: Responses per forward/backward pass (gradient accumulation inside a
             mini-batch; it does not change the loss).
@@ -86,8 +90,9 @@ class RolloutConfig:
     """
 
     group_size: int = 8
-    backend: Literal["hf"] = "hf"
+    backend: Literal["hf", "vllm"] = "hf"
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
     num_mini_batches: int = 1
     micro_batch_size: int = 8
     old_logp: Literal["trainer", "rollout"] = "trainer"

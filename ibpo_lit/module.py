@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
+import tempfile
 import time
 from typing import Any, Optional
 
@@ -33,10 +34,11 @@ from ibpo_lit.algorithms.schedule import warmup_cosine
 from ibpo_lit.algorithms.shaping import shape_rewards
 from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
 from ibpo_lit.data.prompt import Prompt
-from ibpo_lit.models.loading import load_policy
+from ibpo_lit.models.loading import BUILTIN_MODELS, load_policy, resolve_model_path
 from ibpo_lit.policy_logprobs import response_logprobs
 from ibpo_lit.rewards import RewardPool, get_reward
 from ibpo_lit.rollout.batch import RolloutBatch
+from ibpo_lit.rollout.engine import RolloutEngine
 from ibpo_lit.rollout.hf import HFRolloutEngine
 from ibpo_lit.seeding import MAIN_ROLLOUTS, VALIDATION, rollout_seeds
 from ibpo_lit.step import ScoredRollouts, UpdateBatch
@@ -110,10 +112,15 @@ class IBPOModule(L.LightningModule):
         self.policy: Optional[torch.nn.Module] = None
         self.ref_policy: Optional[torch.nn.Module] = None
         self.tokenizer = None
-        self.engine = None
+        self.engine: Optional[RolloutEngine] = None
+        self._engine_dir: Optional[tempfile.TemporaryDirectory] = None
         self.rollout_step = 0  # rollout batches done; saved in checkpoints (seeds depend on it)
+        # Optimizer steps taken (skipped non-finite ones excluded): the version of the policy's
+        # weights. A weight-sync callback records which version the engine holds.
+        self.weights_version = 0
         self._nonfinite_run = 0
         self._nonfinite_total = 0
+        self._mismatch = [0.0, 0.0]
         self._warned_no_corrections = False
         self.step_stats: dict[str, float] = {}  # token counts and seconds of the last step (compute accounting)
 
@@ -130,12 +137,46 @@ class IBPOModule(L.LightningModule):
         if self.algorithm.beta_kl > 0:
             # Frozen copy of the initial policy; dropout is already off (see load_policy).
             self.ref_policy = copy.deepcopy(self.policy).requires_grad_(False)
-        self.engine = HFRolloutEngine(
-            self.policy,
+        self.engine = self._build_engine()
+
+    def _build_engine(self) -> RolloutEngine:
+        cfg = self.rollout_cfg
+        if cfg.backend == "hf":
+            return HFRolloutEngine(
+                self.policy,
+                eos_token_ids=self._eos_token_ids(),
+                pad_token_id=self.tokenizer.pad_token_id,
+                sampling=cfg.sampling,
+            )
+        from ibpo_lit.rollout.vllm_engine import VLLMRolloutEngine
+
+        if self.model_name in BUILTIN_MODELS:
+            # Models built in code have no directory: give vLLM one (its weights are replaced
+            # by the policy's at the first sync anyway).
+            self._engine_dir = tempfile.TemporaryDirectory(prefix="ibpo_lit_engine_")
+            self.policy.save_pretrained(self._engine_dir.name)
+            self.tokenizer.save_pretrained(self._engine_dir.name)
+            path = self._engine_dir.name
+        else:
+            path = resolve_model_path(self.model_name)
+        return VLLMRolloutEngine(
+            path,
             eos_token_ids=self._eos_token_ids(),
             pad_token_id=self.tokenizer.pad_token_id,
-            sampling=self.rollout_cfg.sampling,
+            sampling=cfg.sampling,
+            config=cfg.vllm,
+            torch_dtype=self.dtype_name,
         )
+
+    def on_fit_start(self) -> None:
+        if self.rollout_cfg.backend != "hf" and not any(
+            callable(getattr(cb, "sync_engine", None)) for cb in self.trainer.callbacks
+        ):
+            raise ValueError(
+                f"rollout.backend={self.rollout_cfg.backend!r} samples from a separate copy of the "
+                "weights, but no callback syncs them: add callbacks.VLLMWeightSync to trainer.callbacks "
+                "(without it every rollout would come from the initial weights)."
+            )
 
     def _eos_token_ids(self) -> list[int]:
         ids = {self.tokenizer.eos_token_id}
@@ -187,8 +228,17 @@ class IBPOModule(L.LightningModule):
         self._call_step_hooks("on_before_update", step)
         t_hooks = time.perf_counter()
 
-        # 5. updates
-        metrics.update(self._update(step.update))
+        # 5. updates (a GPU vLLM engine with sleep mode frees its memory meanwhile)
+        self._mismatch = [0.0, 0.0]  # (sum of |engine - trainer| log-prob, tokens)
+        sleep, wake = getattr(self.engine, "sleep", None), getattr(self.engine, "wake_up", None)
+        if callable(sleep):
+            sleep()
+        try:
+            metrics.update(self._update(step.update))
+        finally:
+            if callable(wake):
+                wake()
+        metrics["rollout/logprob_mismatch"] = self._mismatch_metric(step.update)
         t_end = time.perf_counter()
 
         correction_tokens = step.corrections.generated_tokens if step.corrections is not None else 0
@@ -385,10 +435,11 @@ class IBPOModule(L.LightningModule):
                 )
         else:
             self._nonfinite_run = 0
+            self.weights_version += 1
         optimizer.step()
         scheduler.step()
 
-        out = {f"train/{k}": v / max(len(active), 1) for k, v in weighted.items()}
+        out = {(k if "/" in k else f"train/{k}"): v / max(len(active), 1) for k, v in weighted.items()}
         out.update(
             {
                 "train/loss": loss_total,
@@ -421,6 +472,8 @@ class IBPOModule(L.LightningModule):
         width = logp.shape[1]
         self.step_stats["trained_tokens"] = self.step_stats.get("trained_tokens", 0) + _sequence_tokens(batch)
         old = old_logp[:, :width] if old_logp is not None else logp.detach()
+        if self.rollout_cfg.old_logp == "trainer":
+            self._record_mismatch(old, batch)
         kwargs: dict[str, Any] = {"eps_low": algo.eps_low, "eps_high": algo.eps_high}
         if algo.loss == "grpo":
             if algo.agg_mode is not None:
@@ -439,6 +492,27 @@ class IBPOModule(L.LightningModule):
             num_tokens=num_tokens if num_tokens is not None else float(batch.response_mask.sum()),
             **kwargs,
         )
+
+    def _record_mismatch(self, trainer_logp: Tensor, batch: RolloutBatch) -> None:
+        """Accumulate |engine log-prob - trainer log-prob| over the sampled tokens of ``batch``
+        (``rollout/logprob_mismatch``: how far the engine's numerics, or stale weights, are
+        from the policy the ratio is computed against)."""
+        mask = batch.response_mask
+        diff = (trainer_logp.detach().float() - batch.rollout_logp[:, : trainer_logp.shape[1]]).abs()
+        self._mismatch[0] += float((diff * mask).sum())
+        self._mismatch[1] += float(mask.sum())
+
+    def _mismatch_metric(self, update: UpdateBatch) -> float:
+        """The step's mean mismatch; when no row was forwarded (every advantage zero), one
+        no-grad forward of a micro-batch measures it."""
+        if self.rollout_cfg.old_logp != "trainer":
+            return math.nan
+        if self._mismatch[1] == 0 and len(update.batch):
+            rows = torch.arange(min(len(update.batch), self.rollout_cfg.micro_batch_size))
+            batch = update.batch.select(rows).to(self.device)
+            self._record_mismatch(self._logprobs_no_grad(self.policy, batch), batch)
+            self.step_stats["no_grad_tokens"] += _sequence_tokens(batch)
+        return self._mismatch[0] / max(self._mismatch[1], 1.0)
 
     def _clip_and_check(self) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]
@@ -468,12 +542,17 @@ class IBPOModule(L.LightningModule):
             self.log(key, float(value), on_step=True, prog_bar=key in bar, batch_size=1)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["ibpo_lit"] = {"rollout_step": self.rollout_step, "nonfinite_total": self._nonfinite_total}
+        checkpoint["ibpo_lit"] = {
+            "rollout_step": self.rollout_step,
+            "nonfinite_total": self._nonfinite_total,
+            "weights_version": self.weights_version,
+        }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint.get("ibpo_lit", {})
         self.rollout_step = state.get("rollout_step", 0)
         self._nonfinite_total = state.get("nonfinite_total", 0)
+        self.weights_version = state.get("weights_version", 0)
         self.configure_model()
 
 

