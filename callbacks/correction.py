@@ -116,7 +116,7 @@ class CorrectionRollouts(Callback):
         sampling = pl_module.rollout_cfg.sampling
         if self.max_new_tokens is not None:
             sampling = replace(sampling, max_new_tokens=self.max_new_tokens)
-        seeds = rollout_seeds(pl_module.rollout_cfg.seed, step.step, CORRECTIONS, len(pairs) * self.k)
+        seeds = rollout_seeds(pl_module.rollout_cfg.seed, step.step, CORRECTIONS, len(pairs) * self.k, rank=pl_module.global_rank)
         batch = pl_module.engine.generate(prompt_ids, n=self.k, seeds=seeds, sampling=sampling)
         corrected = batch.response_lists()
         texts = tokenizer.batch_decode(corrected, skip_special_tokens=True)

@@ -209,7 +209,7 @@ class IBPOModule(L.LightningModule):
         step_index = self.rollout_step
 
         # 1. rollouts
-        seeds = rollout_seeds(self.rollout_cfg.seed, step_index, MAIN_ROLLOUTS, len(prompts) * G)
+        seeds = rollout_seeds(self.rollout_cfg.seed, step_index, MAIN_ROLLOUTS, len(prompts) * G, rank=self.global_rank)
         rollouts = self.engine.generate([p.prompt_ids for p in prompts], n=G, seeds=seeds)
         texts = self.tokenizer.batch_decode(rollouts.response_lists(), skip_special_tokens=True)
         t_generated = time.perf_counter()
@@ -274,7 +274,7 @@ class IBPOModule(L.LightningModule):
         """avg@k on held-out prompts: the same seeds at every validation, so two checkpoints
         differ only by their weights."""
         k = self.val_samples
-        seeds = rollout_seeds(self.rollout_cfg.seed, batch_idx, VALIDATION, len(prompts) * k)
+        seeds = rollout_seeds(self.rollout_cfg.seed, batch_idx, VALIDATION, len(prompts) * k, rank=self.global_rank)
         rollouts = self.engine.generate([p.prompt_ids for p in prompts], n=k, seeds=seeds)
         texts = self.tokenizer.batch_decode(rollouts.response_lists(), skip_special_tokens=True)
         rewards = self.score(texts, [prompts[g] for g in rollouts.group_index.tolist()])
@@ -406,7 +406,15 @@ class IBPOModule(L.LightningModule):
 
         loss_total, weighted = 0.0, {}
         # (torch.split of an empty tensor yields one empty chunk, hence the guard)
-        for micro in active.split(cfg.micro_batch_size) if len(active) else ():
+        micros = list(active.split(cfg.micro_batch_size)) if len(active) else []
+        # Under DDP/FSDP every forward and backward is a collective: all ranks must run as
+        # many as the busiest one (skipped rows differ per rank), so the others pad with
+        # zero-weighted passes that add nothing to the gradient.
+        for index in range(self._max_over_ranks(len(micros))):
+            if index >= len(micros):
+                self._padding_pass(batch, rows[:1])
+                continue
+            micro = micros[index]
             loss, metrics = self.policy_loss(
                 batch.select(micro),
                 advantages[micro],
@@ -422,6 +430,8 @@ class IBPOModule(L.LightningModule):
 
         grad_norm = self._clip_and_check()
         finite = math.isfinite(loss_total) and math.isfinite(grad_norm)
+        if self.trainer.world_size > 1:  # every rank skips, or none: the replicas stay equal
+            finite = self._max_over_ranks(int(not finite)) == 0
         if not finite:
             # Skip the update but keep the step count: params with no grad are left as they are.
             optimizer.zero_grad(set_to_none=True)
@@ -449,6 +459,18 @@ class IBPOModule(L.LightningModule):
             }
         )
         return out
+
+    def _max_over_ranks(self, count: int) -> int:
+        if self.trainer.world_size <= 1:
+            return count
+        value = torch.tensor(count, device=self.device)
+        return int(self.trainer.strategy.reduce(value, reduce_op="max"))
+
+    def _padding_pass(self, batch: RolloutBatch, rows: Tensor) -> None:
+        """A forward and backward whose loss is multiplied by 0: a rank's share of a
+        collective round when it has no rows of its own left."""
+        logp = response_logprobs(self.policy, batch.select(rows), self._temperature)
+        self.manual_backward(logp.sum() * 0.0)
 
     def policy_loss(
         self,

@@ -11,12 +11,13 @@ VALIDATION = 3  # with step = batch index: every validation run samples with the
 _MOD = 2**62
 
 
-def rollout_seeds(base: int, step: int, stream: int, count: int) -> list[int]:
-    """``count`` distinct seeds for one stream of one step.
+def rollout_seeds(base: int, step: int, stream: int, count: int, rank: int = 0) -> list[int]:
+    """``count`` distinct seeds for one stream of one step, on process ``rank``.
 
     Rows of a step are consecutive integers above a per-(base, step, stream) offset spaced
-    2**20 apart, so no two rows of a run share a seed while a step has fewer than a million
-    rows.
+    2**20 apart; rank ``r`` takes rows ``r * count ..``, so no two rows of a run share a seed
+    while a step has fewer than a million rows over all processes, and rank 0 of a
+    multi-process run samples what a single-process run would.
     """
-    offset = ((base * 1_000_003 + step) * 8 + stream) * 2**20
+    offset = ((base * 1_000_003 + step) * 8 + stream) * 2**20 + rank * count
     return [(offset + row) % _MOD for row in range(count)]

@@ -9,6 +9,9 @@ import pytest
 from ibpo_lit.__main__ import main
 
 CONFIGS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "configs", "*.yaml")))
+# Configs for GPU clusters cannot build their Trainer here: tests/test_scale_configs.py covers them.
+GPU_CONFIGS = ("qwen3_32b.yaml", "qwen3_next_80b.yaml")
+CPU_CONFIGS = [c for c in CONFIGS if os.path.basename(c) not in GPU_CONFIGS]
 TINY = os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.yaml")
 
 
@@ -21,7 +24,7 @@ def test_there_are_configs():
     assert any(c.endswith("tiny.yaml") for c in CONFIGS)
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+@pytest.mark.parametrize("path", CPU_CONFIGS, ids=os.path.basename)
 def test_config_parses_and_instantiates_without_loading_a_model(path, tmp_path):
     cli = main(["--config", path, "--trainer.default_root_dir", str(tmp_path)], run=False)
     assert cli.model.policy is None  # weights load in configure_model, at fit time
