@@ -49,6 +49,16 @@ def test_no_corrections_no_running_total():
     assert out == {"ibpo/cov_y_phi": 0.0, "ibpo/shaped_frac": 0.0}
 
 
+class ForceSomeCorrect(Callback):
+    """Before CorrectionRollouts: a random tiny model rarely answers right, so the first
+    rollout of each group is marked correct; Y then varies and so can Cov(Y, phi)."""
+
+    def on_rollouts_scored(self, trainer, pl_module, step):
+        first = torch.ones_like(step.rollouts.group_index, dtype=torch.bool)
+        first[1:] = step.rollouts.group_index[1:] != step.rollouts.group_index[:-1]
+        step.rewards[first.cpu()] = 1.0
+
+
 class ForceSuccess(Callback):
     """After CorrectionRollouts: a random tiny model rarely corrects anything, so the first
     corrected row of each step is marked a successful local correction; the module then
@@ -80,6 +90,7 @@ def run(tmp_path_factory):
                 "--trainer.enable_progress_bar", "false", "--model.rollout.sampling.max_new_tokens", "8"],
                run=False)
     spy = Spy()
+    cli.trainer.callbacks.insert(0, ForceSomeCorrect())
     cli.trainer.callbacks += [ForceSuccess(), CorrectionMetrics(), spy]
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return cli, spy.seen
