@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from ibpo_lit.algorithms.ciw import CIWConfig
 from ibpo_lit.algorithms.registry import ADVANTAGE_SCALES, AGGREGATIONS, POLICY_LOSSES, SHAPING_VARIANTS
 from ibpo_lit.algorithms.shaping import validate_shaping
 from ibpo_lit.rollout.engine import SamplingConfig
@@ -34,6 +35,11 @@ class AlgorithmConfig:
         ibpo_lambda: Shaping weight lambda (paper's best about 0.6). ``lambda * Delta`` must
             stay below 1 so a shaped wrong rollout never outranks a correct one.
         ibpo_beta: Shaping bonus beta (paper: 0.5).
+        ciw: Counterfactual importance weighting (METHOD section 8): token weights from how
+            much masking each reasoning span lowers the answer's log-prob. Unset = off.
+            ``ciw.mode`` picks the method (``ciw``) or an ablation (``uniform``, ``random``,
+            ``inverted``). Works with both losses (with ``gspo`` it makes GSPO-token); with
+            ``ibpo: mask`` the two token weights multiply.
     """
 
     loss: str = "gspo"
@@ -45,6 +51,7 @@ class AlgorithmConfig:
     ibpo: str = "plain"
     ibpo_lambda: float = 0.6
     ibpo_beta: float = 0.5
+    ciw: Optional[CIWConfig] = None
 
     def __post_init__(self) -> None:
         POLICY_LOSSES.get(self.loss)  # raises, listing the valid names

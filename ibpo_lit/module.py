@@ -32,6 +32,7 @@ from ibpo_lit.algorithms.advantages import grouped_advantages
 from ibpo_lit.algorithms.registry import POLICY_LOSSES
 from ibpo_lit.algorithms.schedule import warmup_cosine
 from ibpo_lit.algorithms.shaping import shape_rewards
+from ibpo_lit.ciw_scoring import CIWScorer
 from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.models.loading import BUILTIN_MODELS, load_policy, resolve_model_path
@@ -113,6 +114,7 @@ class IBPOModule(L.LightningModule):
         self.ref_policy: Optional[torch.nn.Module] = None
         self.tokenizer = None
         self.engine: Optional[RolloutEngine] = None
+        self.ciw_scorer: Optional[CIWScorer] = None
         self._engine_dir: Optional[tempfile.TemporaryDirectory] = None
         self.rollout_step = 0  # rollout batches done; saved in checkpoints (seeds depend on it)
         # Optimizer steps taken (skipped non-finite ones excluded): the version of the policy's
@@ -138,6 +140,7 @@ class IBPOModule(L.LightningModule):
             # Frozen copy of the initial policy; dropout is already off (see load_policy).
             self.ref_policy = copy.deepcopy(self.policy).requires_grad_(False)
         self.engine = self._build_engine()
+        self.ciw_scorer = CIWScorer(self.algorithm.ciw, self.tokenizer) if self.algorithm.ciw is not None else None
 
     def _build_engine(self) -> RolloutEngine:
         cfg = self.rollout_cfg
@@ -358,6 +361,16 @@ class IBPOModule(L.LightningModule):
                     ]
                 )
             metrics["train/correction_reward"] = _nanmean(corrections.train_rewards)
+        if self.ciw_scorer is not None:
+            # pi_old's counterfactual drops weight the tokens of every row that gets a gradient
+            # (a zero-advantage row gets none, whatever its weights).
+            ciw = self.ciw_scorer(
+                self.policy, batch.to(self.device), rows=(advantages != 0), step=self.rollout_step,
+                temperature=self._temperature,
+            )
+            token_weights = ciw.weights if token_weights is None else token_weights * ciw.weights
+            metrics.update(ciw.metrics)
+            self.step_stats["no_grad_tokens"] += int(ciw.metrics.get("ciw/forward_tokens", 0))
         metrics["train/zero_adv_frac"] = float((advantages == 0).float().mean())
         step.shaped_rewards, step.delta = shaped, delta
         step.update = UpdateBatch(batch=batch, advantages=advantages, token_weights=token_weights)
