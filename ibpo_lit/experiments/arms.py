@@ -68,11 +68,49 @@ def _ibpo(variant: str) -> Callable[[dict, ArmSettings], dict]:
     return arm
 
 
+def _dapo(cfg: dict) -> dict:
+    """GRPO's token-level ratio with DAPO's token-mean aggregation and clip-higher."""
+    _set(cfg, "model.algorithm.loss", "grpo")
+    _set(cfg, "model.algorithm.agg_mode", "token-mean")
+    _set(cfg, "model.algorithm.eps_low", 0.2)
+    _set(cfg, "model.algorithm.eps_high", 0.28)
+    return cfg
+
+
+def _ciw_arm(base: str, mode: str | None) -> Callable[[dict, ArmSettings], dict]:
+    """CIW's comparison (METHOD section 8): ``base`` (``dapo``, ``gspo`` or ``ibpo_mask``),
+    with CIW in ``mode`` (``ciw`` or an ablation) or without it (None), all at the small group."""
+
+    def arm(cfg: dict, s: ArmSettings) -> dict:
+        _set(cfg, "model.rollout.group_size", s.small_group)
+        if base == "ibpo_mask":
+            _set(cfg, "model.algorithm.ibpo", "mask")
+            _with_corrections(cfg)
+        else:
+            _set(cfg, "model.algorithm.ibpo", "none")
+            _without_corrections(cfg)
+            if base == "dapo":
+                _dapo(cfg)
+        if mode is not None:
+            _set(cfg, "model.algorithm.ciw", {"mode": mode})
+        return cfg
+
+    arm.__doc__ = f"{base} {'+ CIW (' + mode + ')' if mode else 'without CIW'}, small group."
+    return arm
+
+
 ARMS: dict[str, Callable[[dict, ArmSettings], dict]] = {
     "gspo_large_group": gspo_large,
     "ibpo_plain": _ibpo("plain"),
     "ibpo_ratio": _ibpo("ratio"),
     "ibpo_mask": _ibpo("mask"),
+    # CIW's arms (issue: DAPO vs DAPO+CIW, GSPO vs GSPO+CIW, IBPO-mask+CIW; inverted ablation)
+    "dapo": _ciw_arm("dapo", None),
+    "dapo_ciw": _ciw_arm("dapo", "ciw"),
+    "gspo": _ciw_arm("gspo", None),
+    "gspo_ciw": _ciw_arm("gspo", "ciw"),
+    "ibpo_mask_ciw": _ciw_arm("ibpo_mask", "ciw"),
+    "gspo_ciw_inverted": _ciw_arm("gspo", "inverted"),
 }
 
 

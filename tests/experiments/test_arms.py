@@ -46,5 +46,37 @@ def test_every_arm_shares_budget_seed_validation_and_constant_lr():
 def test_budget_and_arm_name_are_checked():
     with pytest.raises(ValueError, match="budget"):
         build_arm_config(BASE, "ibpo_plain", 0, ArmSettings(), "/tmp/x")
-    with pytest.raises(ValueError, match="valid: gspo_large_group"):
+    with pytest.raises(ValueError, match="valid: dapo, dapo_ciw, gspo, gspo_ciw, .*ibpo_plain, ibpo_ratio"):
         build_arm_config(BASE, "ibpo_sometimes", 0, SETTINGS, "/tmp/x")
+
+
+@pytest.mark.parametrize(
+    "arm, loss, agg, ibpo, ciw",
+    [
+        ("dapo", "grpo", "token-mean", "none", None),
+        ("dapo_ciw", "grpo", "token-mean", "none", "ciw"),
+        ("gspo", "gspo", None, "none", None),
+        ("gspo_ciw", "gspo", None, "none", "ciw"),
+        ("ibpo_mask_ciw", "gspo", None, "mask", "ciw"),
+        ("gspo_ciw_inverted", "gspo", None, "none", "inverted"),
+    ],
+)
+def test_ciw_arms(arm, loss, agg, ibpo, ciw, tmp_path):
+    cfg = build_arm_config(BASE, arm, 0, SETTINGS, "/tmp/x")
+    algo = cfg["model"]["algorithm"]
+    assert algo["loss"] == loss and algo.get("agg_mode") == agg and algo["ibpo"] == ibpo
+    assert (algo.get("ciw") or {}).get("mode") == ciw
+    assert cfg["model"]["rollout"]["group_size"] == 8
+    assert ("callbacks.CorrectionRollouts" in classes(cfg)) == (ibpo != "none")
+    if loss == "grpo":
+        assert (algo["eps_low"], algo["eps_high"]) == (0.2, 0.28)
+    # the arm is a valid config: it parses and instantiates (no model loads)
+    path = tmp_path / "arm.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    import sys
+
+    from ibpo_lit.__main__ import main
+
+    sys.argv = sys.argv[:1]
+    cli = main(["--config", str(path), "--trainer.default_root_dir", str(tmp_path)], run=False)
+    assert (cli.model.algorithm.ciw.mode if cli.model.algorithm.ciw else None) == ciw
