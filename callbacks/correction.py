@@ -38,6 +38,13 @@ DEFAULT_TEMPLATE = (
     "identify any inconsistencies or errors, and then produce a corrected solution and final answer."
 )
 DEFAULT_ANSWER_INSTRUCTION = "End with the final answer in the format the problem asks for."
+# Code prompts (``Prompt.task == "code"``): the same comparison, with both candidates shown as
+# code blocks (extracted from the responses) and the correction asked for as one.
+DEFAULT_CODE_TEMPLATE = (
+    "You are given two candidate Python solutions to the same programming problem. Compare them step "
+    "by step, identify any bugs or inconsistencies, and then write a corrected solution in a single "
+    "```python code block."
+)
 
 
 class CorrectionRollouts(Callback):
@@ -55,6 +62,8 @@ class CorrectionRollouts(Callback):
             correction prompt; needs ``corrections_per_input >= 2``).
         max_new_tokens: Longest correction; unset = the rollouts' ``max_new_tokens``.
         template: Instruction that opens the correction prompt.
+        code_template: The same for code tasks (``Prompt.task == "code"``), whose candidates
+            are shown as ```python blocks.
         answer_instruction: How the correction must state its answer; unset = the prompt's
             own instruction (``Prompt.meta["instruction"]``) or a generic one.
     """
@@ -67,6 +76,7 @@ class CorrectionRollouts(Callback):
         grouping: Literal["prompt", "input"] = "prompt",
         max_new_tokens: Optional[int] = None,
         template: str = DEFAULT_TEMPLATE,
+        code_template: str = DEFAULT_CODE_TEMPLATE,
         answer_instruction: Optional[str] = None,
     ) -> None:
         if alpha != "adaptive" and not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1):
@@ -86,6 +96,7 @@ class CorrectionRollouts(Callback):
         self.grouping = grouping
         self.max_new_tokens = max_new_tokens
         self.template = template
+        self.code_template = code_template
         self.answer_instruction = answer_instruction
 
     # ------------------------------------------------------------------ hook
@@ -181,8 +192,18 @@ class CorrectionRollouts(Callback):
                 pairs.append((i, rng.choice(candidates)))
         return pairs
 
-    def correction_prompt_text(self, problem: str, attempt: str, reference: str, instruction: Optional[str]) -> str:
+    def correction_prompt_text(
+        self, problem: str, attempt: str, reference: str, instruction: Optional[str], task: str = "math"
+    ) -> str:
         """The user message of ``x~ = (x; y_i, y_ref)``."""
+        if task == "code":
+            from ibpo_lit.rewards.code import extract_code
+
+            return (
+                f"{self.code_template}\n\nProblem:\n{problem}\n\n"
+                f"Candidate solution 1:\n```python\n{extract_code(attempt).rstrip()}\n```\n\n"
+                f"Candidate solution 2:\n```python\n{extract_code(reference).rstrip()}\n```"
+            )
         answer = self.answer_instruction or instruction or DEFAULT_ANSWER_INSTRUCTION
         return (
             f"{self.template}\n\nProblem:\n{problem}\n\n"
@@ -190,7 +211,9 @@ class CorrectionRollouts(Callback):
         )
 
     def correction_prompt_ids(self, tokenizer, prompt, attempt: str, reference: str) -> list[int]:
-        text = self.correction_prompt_text(prompt.problem, attempt, reference, prompt.meta.get("instruction"))
+        text = self.correction_prompt_text(
+            prompt.problem, attempt, reference, prompt.meta.get("instruction"), task=prompt.task
+        )
         if getattr(tokenizer, "chat_template", None):
             messages = []
             if prompt.meta.get("system_prompt"):

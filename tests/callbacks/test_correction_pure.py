@@ -58,3 +58,18 @@ def test_prompt_text_quotes_problem_attempt_reference_and_instruction():
 def test_bad_settings_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         CorrectionRollouts(**kwargs)
+
+
+def test_code_correction_prompt_shows_both_candidates_as_code():
+    from callbacks.correction import CorrectionRollouts
+
+    cb = CorrectionRollouts()
+    attempt = "Here is my try:\n```python\ndef add(a, b):\n    return a - b\n```\nDone."
+    reference = "```python\ndef add(a, b):\n    return a + b\n```"
+    text = cb.correction_prompt_text("Write add(a, b).", attempt, reference, None, task="code")
+    assert text.startswith("You are given two candidate Python solutions")
+    assert "Candidate solution 1:\n```python\ndef add(a, b):\n    return a - b\n```" in text
+    assert "Candidate solution 2:\n```python\ndef add(a, b):\n    return a + b\n```" in text
+    assert "Here is my try" not in text  # only the code is shown
+    math_text = cb.correction_prompt_text("1+1?", "2", "3", None)
+    assert "```" not in math_text and "final answer" in math_text
