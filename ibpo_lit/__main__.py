@@ -3,20 +3,34 @@
 Two subcommands of ibpo-lit's own sit beside LightningCLI's (fit, validate, ...):
 ``fetch`` (download and convert a built-in model) and ``evaluate`` (avg@k / pass@k / maj@k
 on a math benchmark).
+
+The wiring adds to LightningCLI: an always-on ``ModelCheckpoint`` (``checkpoint.*``) writing
+``<trainer.default_root_dir>/checkpoints/last.ckpt``; atomic checkpoint writes
+(`ibpo_lit.checkpoint_io`); cross-section config checks before any weights load
+(`ibpo_lit.config_checks`); and, in `entry_point`, one ``ibpo-lit: error: ...`` line with exit
+status 2 for a user error (`ibpo_lit.errors`).
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
-
-import argparse
+import warnings
 
 from jsonargparse import DefaultHelpFormatter
+from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
+from ibpo_lit.checkpoint_io import AtomicCheckpointIO
+from ibpo_lit.config_checks import check_fit_settings, read_checkpoint_error
 from ibpo_lit.data.datamodule import PromptDataModule
+from ibpo_lit.errors import debug_enabled, format_user_error, is_user_error
 from ibpo_lit.module import IBPOModule
+
+# The module steps its optimizer itself, and a checkpoint after the step is exactly what resume
+# needs; Lightning's advice to stash pre-step weights does not apply.
+warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization", category=UserWarning)
 
 
 def _checkpoint_dir(root_dir: str | None) -> str:
@@ -32,6 +46,29 @@ class IBPOCLI(LightningCLI):
         parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=_checkpoint_dir)
         # The data module tokenizes prompts with the policy's own tokenizer.
         parser.link_arguments("model.model", "data.tokenizer")
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI reads the checkpoint's hyperparameters here: a truncated or foreign file
+        # would fail inside torch.load with a traceback.
+        try:
+            super()._parse_ckpt_path()
+        except (RuntimeError, EOFError, OSError, ValueError) as e:
+            subcommand = self.config.get("subcommand")
+            raise read_checkpoint_error(self.config[subcommand].get("ckpt_path"), e) from e
+
+    def after_instantiate_classes(self) -> None:
+        if self.subcommand in (None, "fit"):
+            ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand else None
+            check_fit_settings(self.model, self.datamodule, self.trainer, ckpt_path)
+
+    def instantiate_trainer(self, **kwargs):
+        # Atomic checkpoint writes unless trainer.plugins names another CheckpointIO.
+        config = self._get(self.config_init, "trainer", default={})
+        plugins = kwargs.get("plugins", config.get("plugins")) or []
+        plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
+        return super().instantiate_trainer(**kwargs)
 
 
 DESCRIPTION = """ibpo-lit: GSPO with IBPO counterfactual reward shaping.
@@ -70,9 +107,21 @@ def main(args: list[str] | None = None, run: bool = True):
     )
 
 
-def entry_point() -> int:
-    """``python -m ibpo_lit`` and the ``ibpo-lit`` command: an exit status, not the CLI object."""
-    result = main()
+def entry_point(args: list[str] | None = None) -> int:
+    """``python -m ibpo_lit`` and the ``ibpo-lit`` command: an exit status, not the CLI object.
+
+    A user error (see `ibpo_lit.errors.is_user_error`) ends with one line on stderr,
+    ``ibpo-lit: error: <message>``, and status 2; ``IBPO_LIT_DEBUG=1`` re-raises it with its
+    traceback. Other exceptions propagate (a traceback, status 1).
+    """
+    try:
+        result = main(args)
+    except Exception as e:  # noqa: BLE001 - sorted into user errors and the rest just below
+        if debug_enabled() or not is_user_error(e):
+            raise
+        sys.stdout.flush()
+        print(format_user_error(e), file=sys.stderr)
+        return 2
     return result if isinstance(result, int) else 0
 
 

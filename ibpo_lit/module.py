@@ -38,6 +38,7 @@ from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.models.loading import BUILTIN_MODELS, load_policy, resolve_model_path
 from ibpo_lit.policy_logprobs import response_logprobs
 from ibpo_lit.rewards import RewardPool, get_reward
+from ibpo_lit.rng_state import capture_rng_state, restore_rng_state
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.rollout.engine import RolloutEngine
 from ibpo_lit.rollout.hf import HFRolloutEngine
@@ -122,6 +123,8 @@ class IBPOModule(L.LightningModule):
         self.weights_version = 0
         self._nonfinite_run = 0
         self._nonfinite_total = 0
+        self._reward_counts = {"timeout": 0, "error": 0, "none": 0}  # unscorable, by cause, before a resume
+        self._pending_rng_state: Optional[dict] = None  # restored before the first step after a resume
         self._mismatch = [0.0, 0.0]
         self._warned_no_corrections = False
         self.step_stats: dict[str, float] = {}  # token counts and seconds of the last step (compute accounting)
@@ -205,6 +208,12 @@ class IBPOModule(L.LightningModule):
 
     # ------------------------------------------------------------ one step
     def training_step(self, prompts: list[Prompt], batch_idx: int) -> None:
+        if self._pending_rng_state is not None:
+            # Resumed: every global RNG continues where the checkpoint left it. Here rather than
+            # at load time: Lightning draws from torch's generator in between (a new DataLoader
+            # iterator), where an uninterrupted run does not.
+            restore_rng_state(self._pending_rng_state)
+            self._pending_rng_state = None
         t_start = time.perf_counter()
         # Every forward of this step counts (callbacks' extra passes included).
         self.step_stats = {"trained_tokens": 0, "no_grad_tokens": 0}
@@ -267,9 +276,11 @@ class IBPOModule(L.LightningModule):
                 "timing/step_s": t_end - t_start,
             }
         )
-        if self._reward_pool is not None:
-            stats = self._reward_pool.stats
-            metrics.update({"train/reward_timeouts": float(stats["timeout"]), "train/reward_errors": float(stats["error"])})
+        counts = self._reward_totals()
+        metrics.update({"train/reward_timeouts": float(counts["timeout"]), "train/reward_errors": float(counts["error"]),
+                        "train/reward_none": float(counts["none"])})
+        metrics["train/nonfinite_steps"] = float(self._nonfinite_total)  # a count, not a mean over mini-batches
+        metrics.update(self._data_counts())
         self._log_metrics(metrics)
         self.rollout_step += 1
 
@@ -569,8 +580,22 @@ class IBPOModule(L.LightningModule):
         return torch.cat(chunks)
 
     # ----------------------------------------------------------- logging/ckpt
+    def _reward_totals(self) -> dict[str, int]:
+        """Unscorable responses of the whole run by cause (a resumed run adds its checkpoint's)."""
+        live = self._reward_pool.stats if self._reward_pool is not None else {}
+        return {k: v + live.get(k, 0) for k, v in self._reward_counts.items()}
+
+    def _data_counts(self) -> dict[str, float]:
+        """The DataModule's counters (bad records skipped, long prompts skipped or truncated)."""
+        stats = getattr(getattr(self.trainer, "datamodule", None), "stats", None)
+        if not isinstance(stats, dict):
+            return {}
+        out = {f"data/{k}": float(v) for k, v in stats.items()}
+        out["data/skipped"] = float(stats.get("skipped_records", 0) + stats.get("skipped_long_prompts", 0))
+        return out
+
     def _log_metrics(self, metrics: dict[str, float]) -> None:
-        bar = {"train/reward", "train/correction_success"}
+        bar = {"train/reward", "train/correction_success", "train/unscorable", "train/nonfinite_steps", "data/skipped"}
         for key, value in metrics.items():
             if value is None or (isinstance(value, float) and math.isnan(value)):
                 continue
@@ -581,6 +606,9 @@ class IBPOModule(L.LightningModule):
             "rollout_step": self.rollout_step,
             "nonfinite_total": self._nonfinite_total,
             "weights_version": self.weights_version,
+            "nonfinite_run": self._nonfinite_run,
+            "reward_counts": self._reward_totals(),
+            "rng": capture_rng_state(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -588,6 +616,9 @@ class IBPOModule(L.LightningModule):
         self.rollout_step = state.get("rollout_step", 0)
         self._nonfinite_total = state.get("nonfinite_total", 0)
         self.weights_version = state.get("weights_version", 0)
+        self._nonfinite_run = state.get("nonfinite_run", 0)
+        self._reward_counts.update(state.get("reward_counts", {}))
+        self._pending_rng_state = state.get("rng")
         self.configure_model()
 
 

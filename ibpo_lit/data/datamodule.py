@@ -116,7 +116,8 @@ class PromptDataModule(L.LightningDataModule):
             if not train_path:
                 raise ValueError("data.train_path is required when data.source='jsonl'")
             if not Path(train_path).is_file():
-                raise FileNotFoundError(f"data.train_path: no such file: {train_path}")
+                what = "is a directory, not a JSONL file" if Path(train_path).is_dir() else "no such file"
+                raise FileNotFoundError(f"data.train_path: {what}: {train_path}")
         elif train_path:
             raise ValueError(f"data.train_path is only read when data.source='jsonl' (data.source={source!r})")
         for name, value, low in (("prompts_per_step", prompts_per_step, 1),
@@ -132,7 +133,8 @@ class PromptDataModule(L.LightningDataModule):
         if val_size < 0 or val_batch_size < 1:
             raise ValueError(f"data.val_size must be >= 0 and data.val_batch_size >= 1, got {val_size}, {val_batch_size}")
         if val_path is not None and not Path(val_path).is_file():
-            raise FileNotFoundError(f"data.val_path: no such file: {val_path}")
+            what = "is a directory, not a JSONL file" if Path(val_path).is_dir() else "no such file"
+            raise FileNotFoundError(f"data.val_path: {what}: {val_path}")
         self.record_format = RecordFormat(question_key, answer_key, answer_format)
 
         self.tokenizer_name = tokenizer
@@ -194,7 +196,10 @@ class PromptDataModule(L.LightningDataModule):
     def train_dataset(self) -> PromptStream:
         if self._builder is None:
             raise RuntimeError("call setup() before asking for the train data")
-        self._dataset = PromptStream(self._source, self._builder, start=self._position)
+        trainer = getattr(self, "trainer", None)
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        self._dataset = PromptStream(self._source, self._builder, start=self._position, rank=rank,
+                                     world_size=world, per_rank=self.prompts_per_step)
         return self._dataset
 
     def train_dataloader(self) -> DataLoader:

@@ -11,6 +11,7 @@ What is covered:
   question or answer, a GSM8K answer without ``####``. ``on_bad_record="skip"`` drops such records
   and collects the errors instead of raising.
 - A file with no usable record raises (``no records in FILE``).
+- A UTF-8 byte-order mark at the start of the file is ignored (editors on Windows write one).
 
 What is not covered:
 - Whitespace-only lines are ignored rather than reported (a trailing newline is common).
@@ -19,6 +20,7 @@ What is not covered:
 """
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -138,10 +140,14 @@ def read_records(
         raise ValueError(f"on_bad_record must be one of {BAD_RECORD_POLICIES}, got {on_bad_record!r}")
     path = Path(path)
     if not path.is_file():
+        if path.is_dir():
+            raise FileNotFoundError(f"{path} is a directory, not a JSONL file")
         raise FileNotFoundError(f"no such JSONL file: {path}")
     n_good = n_bad = 0
     with path.open("rb") as f:
         for line_no, raw in enumerate(f, start=1):
+            if line_no == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8):]
             if not raw.strip():
                 continue
             try:

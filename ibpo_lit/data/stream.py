@@ -93,10 +93,37 @@ class ArithmeticSource:
 class PromptStream(IterableDataset):
     """Endless `Prompt`s from a source, beginning at ``start``."""
 
-    def __init__(self, source: ProblemSource, builder: PromptBuilder, start: StreamPosition = StreamPosition()):
+    def __init__(
+        self,
+        source: ProblemSource,
+        builder: PromptBuilder,
+        start: StreamPosition = StreamPosition(),
+        rank: int = 0,
+        world_size: int = 1,
+        per_rank: int = 1,
+    ):
         self.source, self.builder, self.start = source, builder, start
+        self.rank, self.world_size, self.per_rank = rank, world_size, per_rank
 
     def __iter__(self) -> Iterator[Prompt]:
+        if self.world_size <= 1:
+            yield from self._prompts()
+            return
+        # Several processes: every rank reads the whole stream and keeps its slice of each
+        # global batch (world_size x per_rank prompts), so the ranks never share a prompt and
+        # each prompt carries the position after the *global* batch: a checkpoint (written by
+        # rank 0) resumes every rank exactly after the last step.
+        chunk: list[Prompt] = []
+        for prompt in self._prompts():
+            chunk.append(prompt)
+            if len(chunk) == self.world_size * self.per_rank:
+                end = chunk[-1].meta["stream_position"]
+                for mine in chunk[self.rank * self.per_rank : (self.rank + 1) * self.per_rank]:
+                    mine.meta["stream_position"] = end
+                    yield mine
+                chunk = []
+
+    def _prompts(self) -> Iterator[Prompt]:
         info = get_worker_info()
         worker, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         max_skips = max(self.source.epoch_size or 0, 1000)

@@ -8,9 +8,14 @@ What is covered:
       like any other; ``resolve_model_path`` gives the directory.
     * Anything else goes through ``AutoTokenizer`` / ``AutoModelForCausalLM.from_pretrained``:
       a local directory written by ``save_pretrained``, or a hub id.
-    * Errors a user can act on: a local-looking path that does not exist raises
-      ``FileNotFoundError`` naming it; a hub id that cannot be loaded raises ``OSError``
-      naming the id, the cause and the alternatives.
+    * Errors a user can act on: a local-looking path that does not exist (or, for a model,
+      a directory without ``config.json``) raises ``ModelNotFoundError``, a
+      ``FileNotFoundError`` naming it; ``check_model_path`` runs that check at config time
+      without loading anything. A name is local-looking when it starts with ``.``, ``/`` or
+      ``~``, is an existing directory, has more than one ``/`` (a hub id has exactly one), or
+      its first component is an existing directory (``runs/model``). A hub id that cannot be
+      loaded raises ``ModelLoadError``, an ``OSError`` naming the id, the cause and the
+      alternatives.
     * Dropout is switched off (see ``disable_dropout``) and the tokenizer gets a pad token.
 
 What is not covered:
@@ -32,6 +37,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from ibpo_lit.errors import ModelLoadError, ModelNotFoundError
 from ibpo_lit.models.smollm2 import SMOLLM2_NAME, fetch_smollm2
 from ibpo_lit.models.tiny import build_tiny_model, build_tiny_tokenizer
 
@@ -136,7 +142,12 @@ def _torch_dtype(dtype: str) -> torch.dtype:
 
 
 def _looks_local(name_or_path: str) -> bool:
-    return name_or_path.startswith((".", "/", "~")) or os.path.isdir(name_or_path)
+    if name_or_path.startswith((".", "/", "~")) or os.path.isdir(name_or_path):
+        return True
+    if "\\" in name_or_path or name_or_path.count("/") > 1:  # a hub id is "org/name"
+        return True
+    head = name_or_path.split("/", 1)[0]
+    return "/" in name_or_path and os.path.isdir(head)  # "runs/model" beside a runs/ folder
 
 
 def _builtin_names() -> str:
@@ -156,26 +167,44 @@ def resolve_model_path(name_or_path: str) -> str:
         return str(FETCHED_MODELS[name_or_path]())
     if not _looks_local(name_or_path):
         return name_or_path
+    return check_model_path(name_or_path, require_config=False)
+
+
+def check_model_path(name_or_path: str, require_config: bool = True) -> str:
+    """Check, without loading or fetching anything, that a local-looking ``name_or_path`` is a
+    model directory; returns the expanded path (or ``name_or_path`` itself when it is a built-in
+    name or a hub id, which cannot be checked offline).
+
+    Raises:
+        ModelNotFoundError: the path does not exist, is a file, or (with ``require_config``,
+            the model's case, not a lone tokenizer's) has no ``config.json``.
+    """
+    if name_or_path in BUILTIN_MODELS or name_or_path in FETCHED_MODELS or not _looks_local(name_or_path):
+        return name_or_path
     path = os.path.expanduser(name_or_path)
-    if not os.path.isdir(path):
+    if os.path.isdir(path):
+        if not require_config or os.path.isfile(os.path.join(path, "config.json")):
+            return path
+        what = "is a directory without config.json"
+    else:
         what = "is a file" if os.path.exists(path) else "does not exist"
-        raise FileNotFoundError(
-            f"model path {name_or_path!r} {what}: expected a directory written by "
-            f"save_pretrained (config.json, weights and tokenizer files), a Hugging Face hub id, "
-            f"or a built-in name: {_builtin_names()}"
-        )
-    return path
+    raise ModelNotFoundError(
+        f"model path {name_or_path!r} {what}: expected a directory written by "
+        f"save_pretrained (config.json, weights and tokenizer files), a Hugging Face hub id, "
+        f"or a built-in name: {_builtin_names()}"
+    )
 
 
 @contextmanager
 def _hub_errors(name_or_path: str) -> Iterator[None]:
-    """Re-raise a hub id's loading failure as an ``OSError`` that says what to do instead."""
+    """Re-raise a hub id's loading failure as a ``ModelLoadError`` (an ``OSError``) that says
+    what to do instead."""
     try:
         yield
     except OSError as exc:
         if _looks_local(name_or_path):
             raise
-        raise OSError(
+        raise ModelLoadError(
             f"could not load model {name_or_path!r} from the Hugging Face hub: {exc}; pass a "
             f"local directory or a built-in name: {_builtin_names()}"
         ) from exc
