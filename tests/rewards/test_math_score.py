@@ -78,5 +78,5 @@ def test_registry():
     # the registry names the in-process scorer (what pool workers run); math_score goes through a pool
     assert get_reward("math") is math_score_inprocess
     assert "math" in REWARDS
-    with pytest.raises(ValueError, match=r"unknown reward 'code'.*'math'"):
+    with pytest.raises(ValueError, match=r"unknown reward 'chess'.*'math'"):
         get_reward("chess")
