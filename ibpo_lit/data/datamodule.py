@@ -73,6 +73,14 @@ class PromptDataModule(L.LightningDataModule):
         seed: Seed of the per-epoch shuffle of a JSONL source (epoch e uses seed + e); the
             arithmetic stream has its own arithmetic.seed.
         num_workers: DataLoader worker processes; 0 keeps resume exact.
+        code_format: Read ``train_path``/``val_path`` as a code benchmark: ``humaneval``,
+            ``mbpp``, ``mbpp_sanitized`` or ``livecodebench`` (needs ``task: code``; score with
+            ``model.reward: code``, the sandbox).
+        code_split: MBPP split trained on (``train``, ``validation``, ``test``, ``prompt``);
+            unset = the whole file.
+        code_val_split: The split of ``val_path`` validated on.
+        code_shown_tests: MBPP asserts shown in the problem text (the rest stay hidden);
+            unset = all, the benchmark's own format.
         task: Verifier that scores these prompts' responses (a name in ibpo_lit.rewards.REWARDS).
         val_size: Held-out problems for validation (``val/accuracy``): the first ``val_size``
             records of ``val_path``, or, without it, arithmetic problems from a stream seeded
@@ -104,6 +112,10 @@ class PromptDataModule(L.LightningDataModule):
         val_size: int = 0,
         val_path: str | None = None,
         val_batch_size: int = 8,
+        code_format: str | None = None,
+        code_split: str | None = None,
+        code_val_split: str | None = None,
+        code_shown_tests: int | None = None,
     ):
         super().__init__()
         if source is None:  # `--data.train_path FILE` alone means: train on that file
@@ -136,6 +148,14 @@ class PromptDataModule(L.LightningDataModule):
             what = "is a directory, not a JSONL file" if Path(val_path).is_dir() else "no such file"
             raise FileNotFoundError(f"data.val_path: {what}: {val_path}")
         self.record_format = RecordFormat(question_key, answer_key, answer_format)
+        if code_format is not None:
+            from ibpo_lit.data.code_tasks import CODE_LOADERS
+
+            _check_choice("code_format", code_format, tuple(CODE_LOADERS))
+            if task != "code":
+                raise ValueError(f"data.code_format={code_format!r} needs data.task='code' (got {task!r})")
+        self.code_format, self.code_split, self.code_val_split = code_format, code_split, code_val_split
+        self.code_shown_tests = code_shown_tests
 
         self.tokenizer_name = tokenizer
         self.source = source
@@ -186,12 +206,22 @@ class PromptDataModule(L.LightningDataModule):
         if self.source == "arithmetic":
             return ArithmeticSource(self.arithmetic)
         self.skipped_record_errors = []
+        if self.code_format is not None:
+            return RecordSource(self._code_records(self.train_path, self.code_split), seed=self.seed)
         records = list(read_records(self.train_path, self.record_format, self.on_bad_record,
                                     skipped=self.skipped_record_errors))
         if self.skipped_record_errors:
             logger.warning("skipped %d bad records in %s; first: %s", len(self.skipped_record_errors),
                            self.train_path, self.skipped_record_errors[0])
         return RecordSource(records, seed=self.seed)
+
+    def _code_records(self, path: str, split: str | None) -> list:
+        """Records of a code benchmark file (gold = the sandbox's test spec, ``REWARDS["code"]``)."""
+        from ibpo_lit.data.code_tasks import load_code_tasks
+
+        kwargs = {"split": split, "shown_tests": self.code_shown_tests}
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        return [task.to_record() for task in load_code_tasks(self.code_format, path, **kwargs)]
 
     def train_dataset(self) -> PromptStream:
         if self._builder is None:
@@ -214,7 +244,10 @@ class PromptDataModule(L.LightningDataModule):
         """The fixed held-out prompts (empty when validation is off)."""
         if self._builder is None:
             raise RuntimeError("call setup() before asking for the validation data")
-        if self.val_path is not None:
+        if self.val_path is not None and self.code_format is not None:
+            records = self._code_records(self.val_path, self.code_val_split)
+            problems = ((r.problem, r.gold, r.uid) for r in records)
+        elif self.val_path is not None:
             records = read_records(self.val_path, self.record_format, self.on_bad_record)
             problems = ((r.problem, r.gold, r.uid) for r in records)
         elif self.val_size > 0:
