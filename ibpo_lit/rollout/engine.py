@@ -43,6 +43,19 @@ class SamplingConfig:
             raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
+def check_generate_args(prompts: Sequence[Sequence[int]], n: int, seeds: Sequence[int]) -> None:
+    """What every engine's ``generate`` requires of its arguments (ValueError otherwise)."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if not prompts:
+        raise ValueError("generate needs at least one prompt")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    if len(seeds) != len(prompts) * n:
+        raise ValueError(f"need one seed per response: {len(prompts)} prompts x n={n} "
+                         f"= {len(prompts) * n}, got {len(seeds)}")
+
+
 class RolloutEngine(ABC):
     """Samples responses from the current policy."""
 

@@ -44,7 +44,7 @@ from transformers.generation.logits_process import (
 
 from ibpo_lit.algorithms.logprobs import token_logprobs
 from ibpo_lit.rollout.batch import RolloutBatch
-from ibpo_lit.rollout.engine import RolloutEngine, SamplingConfig
+from ibpo_lit.rollout.engine import RolloutEngine, SamplingConfig, check_generate_args
 
 
 class HFRolloutEngine(RolloutEngine):
@@ -85,15 +85,7 @@ class HFRolloutEngine(RolloutEngine):
         sampling: SamplingConfig | None = None,
     ) -> RolloutBatch:
         sampling = sampling or self.sampling
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if not prompts:
-            raise ValueError("generate needs at least one prompt")
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
-        if len(seeds) != len(prompts) * n:
-            raise ValueError(f"need one seed per response: {len(prompts)} prompts x n={n} "
-                             f"= {len(prompts) * n}, got {len(seeds)}")
+        check_generate_args(prompts, n, seeds)
         rows = [list(p) for p in prompts for _ in range(n)]  # prompt-major
         seeds = [int(s) for s in seeds]
         chunk = self.max_batch_size or len(rows)

@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from ibpo_lit.rollout.batch import RolloutBatch
-from ibpo_lit.rollout.engine import RolloutEngine, SamplingConfig
+from ibpo_lit.rollout.engine import RolloutEngine, SamplingConfig, check_generate_args
 
 
 @dataclass
@@ -204,15 +204,7 @@ class VLLMRolloutEngine(RolloutEngine):
         from vllm.inputs import TokensPrompt
 
         sampling = sampling or self.sampling
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if not prompts:
-            raise ValueError("generate needs at least one prompt")
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
-        if len(seeds) != len(prompts) * n:
-            raise ValueError(f"need one seed per response: {len(prompts)} prompts x n={n} "
-                             f"= {len(prompts) * n}, got {len(seeds)}")
+        check_generate_args(prompts, n, seeds)
         rows = [list(map(int, p)) for p in prompts for _ in range(n)]  # prompt-major
         params = [
             SamplingParams(
