@@ -2,6 +2,18 @@
 import pytest
 
 
+@pytest.fixture
+def one_intra_op_thread():
+    """In-process fits on one thread: on a shared 2-core machine OpenMP threads that spin-wait
+    for each other make a tiny fit several times slower."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_vllm(tmp_path_factory):
     """``(engine, model, tokenizer)``: one colocated vLLM engine (fp32) over the tiny model,

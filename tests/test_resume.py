@@ -46,16 +46,7 @@ N = 4  # steps of the straight run; the other is killed at step >= N / 2
 WALL_CLOCK = ("timing/", "train/tokens_per_s", "compute/device_seconds")
 
 
-@pytest.fixture(autouse=True)
-def _one_intra_op_thread():
-    """In-process fits on one thread: on a shared 2-core machine OpenMP threads that spin-wait
-    for each other make a tiny fit several times slower."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")  # (tests/conftest.py)
 
 
 def _env() -> dict[str, str]:

@@ -36,16 +36,7 @@ def _plain_argv(monkeypatch):
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
 
 
-@pytest.fixture(autouse=True)
-def _one_intra_op_thread():
-    """In-process fits on one thread: on a shared 2-core machine OpenMP threads that spin-wait
-    for each other make a tiny fit several times slower."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")  # (tests/conftest.py)
 
 
 @pytest.fixture
