@@ -130,6 +130,10 @@ class OptimConfig:
         min_lr_ratio: Floor of the cosine decay, as a fraction of ``lr`` (paper: 0.1).
         total_steps: Optimizer steps the schedule spans; unset = ``trainer.max_steps``.
         grad_clip: Clip the global gradient norm to this value (0 = no clipping).
+        fused: Use torch's fused AdamW kernel (one kernel over all parameters instead of a
+            loop of per-tensor ops: 0.59 -> 0.09 s per SmolLM2 step on 2 CPU cores). Unset =
+            on wherever it is supported (every trainable parameter a plain floating tensor on
+            CPU or CUDA; not DTensor shards), off elsewhere.
     """
 
     lr: float = 5e-7
@@ -140,6 +144,7 @@ class OptimConfig:
     min_lr_ratio: float = 0.1
     total_steps: Optional[int] = None
     grad_clip: float = 1.0
+    fused: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if not self.lr > 0:

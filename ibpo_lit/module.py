@@ -200,7 +200,10 @@ class IBPOModule(L.LightningModule):
             )
         warmup = int(round(cfg.warmup_ratio * total))
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+        optimizer = torch.optim.AdamW(
+            params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+            fused=use_fused_adamw(params, cfg.fused),
+        )
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: warmup_cosine(step, total, warmup, cfg.min_lr_ratio)
         )
@@ -630,3 +633,23 @@ def _sequence_tokens(batch: RolloutBatch) -> int:
 def _nanmean(values: Tensor) -> float:
     finite = values[~values.isnan()]
     return float(finite.mean()) if finite.numel() else math.nan
+
+
+def use_fused_adamw(params: list[Tensor], requested: Optional[bool]) -> bool:
+    """Whether AdamW runs its fused kernel: ``requested`` when set, else on when every
+    parameter is a plain floating tensor on CPU or CUDA. DTensor shards (FSDP2) stay on the
+    default kernel unless asked for: torch's fused support for them varies by version.
+    Asking for the kernel on a device or dtype it does not support is an error here, with
+    the reason, rather than deep inside the first ``optimizer.step``."""
+    from torch.distributed.tensor import DTensor
+
+    unsupported = next(
+        (f"{p.dtype} parameter on {p.device.type}" for p in params
+         if p.device.type not in ("cpu", "cuda") or not p.is_floating_point()),
+        None,
+    )
+    if requested and unsupported:
+        raise ValueError(f"optim.fused=true, but torch's fused AdamW does not support a {unsupported}; unset it")
+    if requested is not None:
+        return requested
+    return unsupported is None and not any(isinstance(p, DTensor) for p in params)
