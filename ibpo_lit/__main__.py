@@ -75,7 +75,8 @@ DESCRIPTION = """ibpo-lit: GSPO with IBPO counterfactual reward shaping.
 
 Subcommands: fit (train), validate/test/predict (Lightning's), and
   fetch      download and convert a built-in model (python -m ibpo_lit fetch --help)
-  evaluate   avg@k, pass@k, maj@k on a math benchmark (python -m ibpo_lit evaluate --help)
+  evaluate   avg@k, pass@k, maj@k on a math or code benchmark, and the test-time
+             correction and Best-of-N baselines (python -m ibpo_lit evaluate --help)
 """
 
 

@@ -1,22 +1,34 @@
-"""Benchmark evaluation: sampling k responses per problem, avg@k / pass@k / maj@k, and
-bootstrap confidence intervals across seeds (METHOD.md section 6).
+"""Benchmark evaluation: sampling k responses per problem, avg@k / pass@k / maj@k (math) or
+pass@k with the code sandbox, the IBPO paper's baselines (test-time compare-and-correct,
+Best-of-N), and bootstrap confidence intervals across seeds (METHOD.md section 6).
 
 ``evaluate`` and ``evaluate_main`` load transformers lazily; the metrics import only torch,
 numpy and math-verify.
 """
+from ibpo_lit.evaluation.baselines import correction_metrics, parse_baselines
 from ibpo_lit.evaluation.bootstrap import bootstrap_ci, combine_runs
-from ibpo_lit.evaluation.metrics import avg_at_k, maj_at_k, majority_answer, mean_pass_at_k, pass_at_k
+from ibpo_lit.evaluation.metrics import (
+    avg_at_k,
+    maj_at_k,
+    majority_answer,
+    mean_pass_at_k,
+    mean_test_fraction,
+    pass_at_k,
+)
 
 __all__ = [
     "avg_at_k",
     "bootstrap_ci",
     "combine_runs",
+    "correction_metrics",
     "evaluate",
     "evaluate_main",
     "extract_answer",
     "maj_at_k",
     "majority_answer",
     "mean_pass_at_k",
+    "mean_test_fraction",
+    "parse_baselines",
     "pass_at_k",
 ]
 

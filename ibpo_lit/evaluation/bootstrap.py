@@ -23,7 +23,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 # Result fields that are combined across runs, in the order tables show them.
-RUN_METRICS = ("avg@k", "pass@1", "pass@k", "maj@k", "response_len", "truncated_frac", "unscorable_frac")
+# Code runs add test_pass_frac (and have maj@k None); the baselines add best_of_n* and ttc*.
+RUN_METRICS = (
+    "avg@k", "pass@1", "pass@k", "maj@k", "test_pass_frac",
+    "best_of_n", "best_of_n_majority",
+    "ttc@1", "ttc_fixed", "ttc_broken", "ttc_oracle@1", "ttc_oracle_fixed", "ttc_oracle_broken",
+    "response_len", "truncated_frac", "unscorable_frac",
+)
 # Fields that must agree between the runs being combined.
 SAME_ACROSS_RUNS = ("benchmark", "k", "n_problems")
 
@@ -80,7 +86,8 @@ def combine_runs(
     Returns:
         ``{"benchmark", "model", "ckpt", "k", "n_problems", "n_runs", "seeds", "confidence",
         "metrics": {name: {"mean", "low", "high", "values"}}}`` for each of ``RUN_METRICS``
-        present in every run.
+        that is a number in every run (so ``maj@k`` of code runs, None, is left out, as is a
+        ``ttc_fixed`` that some seed could not measure).
 
     Raises:
         ValueError: no runs, or runs that disagree on benchmark, k or number of problems.

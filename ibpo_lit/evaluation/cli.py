@@ -2,6 +2,8 @@
 
     python -m ibpo_lit evaluate --model_name_or_path M --benchmark gsm8k [--path F.jsonl]
         [--k 64] [--seed 0] [--ckpt_path runs/x/checkpoints/last.ckpt] [--output run.json]
+    python -m ibpo_lit evaluate --model_name_or_path M --benchmark humaneval --path HumanEval.jsonl
+        [--baselines test_time_correction,best_of_n] [--output run.json]
     python -m ibpo_lit evaluate --combine seed0.json seed1.json ... [--output combined.json]
 
 The evaluate options are ``ibpo_lit.evaluation.runner.evaluate``'s parameters, with their
@@ -26,7 +28,11 @@ def build_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog=PROG,
         description="Sample k responses per benchmark problem and report avg@k, pass@1, pass@k "
-        "and maj@k. To combine runs of several seeds into a mean and 95% bootstrap CI: "
+        "and maj@k (math), or avg@k, pass@1, pass@k, the share of tests passed and the sandbox's status "
+        "counts (code: humaneval, mbpp, mbpp_sanitized, livecodebench). --baselines adds the IBPO paper's "
+        "baselines from the same samples: test-time compare-and-correct (verifier-free, or an ORACLE that "
+        "picks the reference with the gold) and Best-of-N, which with the gold verifier equals pass@N. "
+        "To combine runs of several seeds into a mean and 95% bootstrap CI: "
         f"{PROG} --combine RUN1.json RUN2.json ... [--output PATH].",
     )
     parser.add_argument("--config", action=ActionConfigFile, help="YAML file with any of these options.")

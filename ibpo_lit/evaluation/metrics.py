@@ -6,7 +6,10 @@ What is covered:
   in the product form ``1 - prod_{i=n-c+1}^{n} (1 - k/i)``, which never forms a binomial
   coefficient (no overflow for n = 64 or 1024). ``mean_pass_at_k`` averages it over problems.
 - ``maj_at_k``: majority vote over the extracted answers of each problem's samples (see
-  ``ibpo_lit.evaluation.answers`` for how answers are extracted and made comparable).
+  ``ibpo_lit.evaluation.answers`` for how answers are extracted and made comparable). Math
+  only: programs have no canonical answer to vote on, so code results carry ``maj@k = None``.
+- ``mean_test_fraction``: the mean share of a code benchmark's tests that a sample passes (partial
+  credit, reported beside pass@k, which counts a sample only when all its tests pass).
 
 What is not covered:
 - Unscorable samples (the verifier returned None) are the caller's choice; the runner counts
@@ -109,3 +112,18 @@ def maj_at_k(answers: Sequence[Sequence[str | None]], correct: Sequence[Sequence
 def correct_matrix(scores: Sequence[Sequence[float | None]]) -> Tensor:
     """[N, k] bool tensor from per-problem verifier scores; None (unscorable) counts as not correct."""
     return torch.tensor([[s is not None and s > 0.5 for s in row] for row in scores], dtype=torch.bool)
+
+
+def mean_test_fraction(fractions: Sequence[Sequence[float | None]]) -> float:
+    """Mean, over every sample of every problem, of the fraction of its tests it passed.
+
+    Args:
+        fractions: Per problem, per sample, a fraction in [0, 1] or None (unscorable), which
+            counts as 0: as in ``correct_matrix``, a sample the harness could not score passed nothing.
+    """
+    values = [0.0 if f is None else float(f) for row in fractions for f in row]
+    if not values:
+        raise ValueError("mean_test_fraction needs at least one sample")
+    if not all(0.0 <= v <= 1.0 for v in values):
+        raise ValueError(f"fractions must lie in [0, 1], got {[v for v in values if not 0 <= v <= 1][:3]}")
+    return sum(values) / len(values)

@@ -22,13 +22,20 @@ def _metric_label(name: str, k: Any) -> str:
 
 
 def run_table(result: Mapping[str, Any]) -> str:
-    """One evaluation as a one-row markdown table."""
+    """One evaluation as a one-row markdown table of the metrics it has (then, for code, the
+    sandbox's status counts, and a line per baseline saying what it is)."""
     k = result["k"]
-    cols = ["benchmark", "model", "n", "seed"] + [_metric_label(m, k) for m in RUN_METRICS] + ["seconds"]
+    metrics = [m for m in RUN_METRICS if m in result]
+    cols = ["benchmark", "model", "n", "seed"] + [_metric_label(m, k) for m in metrics] + ["seconds"]
     model = result["model"] + (f" + {os.path.basename(result['ckpt'])}" if result.get("ckpt") else "")
     cells = [result["benchmark"], model, str(result["n_problems"]), str(result["seed"])]
-    cells += [_fmt(result.get(m)) for m in RUN_METRICS] + [f"{result['seconds']:.1f}"]
-    return _table(cols, [cells])
+    cells += [_fmt(result.get(m)) for m in metrics] + [f"{result['seconds']:.1f}"]
+    lines = [_table(cols, [cells])]
+    for key in sorted(name for name in result if name.endswith("sandbox_status")):
+        counts = ", ".join(f"{status} {n}" for status, n in result[key].items())
+        lines.append(f"{key}: {counts}")
+    lines += [f"{name}: {note}" for name, note in (result.get("baselines") or {}).items()]
+    return "\n".join(lines)
 
 
 def combined_table(combined: Mapping[str, Any]) -> str:

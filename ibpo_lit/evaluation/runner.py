@@ -1,32 +1,47 @@
-"""Evaluate a policy on a math benchmark: k samples per problem, scored by math-verify.
+"""Evaluate a policy on a math or code benchmark: k samples per problem, scored by the verifier.
 
 Stages, each a small function: ``load_problems`` (benchmark records) -> ``load_model``
-(hub id / directory / built-in, optionally a Lightning checkpoint's weights) -> ``build_prompts``
-(``PromptBuilder``) -> ``sample`` (``HFRolloutEngine``, batches of problems) -> ``score``
-(``math_scores``) -> ``summarize`` (metrics and per-problem records).
+(hub id / directory / built-in, optionally a Lightning checkpoint's weights) -> ``PromptBuilder``
+-> ``sample`` (``HFRolloutEngine``, batches of problems) -> ``score_samples`` (math-verify, or
+the code sandbox) -> ``summarize`` (metrics and per-problem records) -> ``run_baselines``.
 
 What is covered:
+- Math (gsm8k, gsm8k_train, math500, aime25, hmmt25): avg@k, pass@1, pass@k (unbiased
+  estimator), maj@k over extracted answers.
+- Code (humaneval, mbpp, mbpp_sanitized, livecodebench): prompts get the code instruction
+  ("Write your solution in Python, in a single ```python code block.", as training's code
+  configs) and ``Prompt.task = "code"``; each sample's program (its last ```python block) runs
+  against the tests in the sandbox, ``sandbox_workers`` programs at a time, never in this
+  process; a sample is correct when every test passes. Reported: avg@k, pass@1, pass@k,
+  ``test_pass_frac`` (mean share of tests passed) and ``sandbox_status`` (counts of pass, fail,
+  timeout, memory, error, unscorable). ``maj@k`` is None: programs have no answer to vote on.
+  MBPP is evaluated on its test split (task ids 11-510) unless ``mbpp_split`` says otherwise.
+- Baselines (``baselines``), from the same k samples: test-time compare-and-correct
+  (verifier-free, and an ORACLE variant that reads the gold) and Best-of-N, which with the gold
+  verifier is pass@N; see ``ibpo_lit.evaluation.baselines``. The result's ``baselines`` field
+  says what each one is.
 - Decoding defaults are the paper's (Qwen3 recommendation): temperature 0.6, top-p 0.95,
   top-k 20, min-p 0. ``top_k=1`` is greedy decoding.
 - Seeds: sample j of problem i (i = its index in the benchmark) is drawn with seed
-  ``rollout_seeds(seed, i, MAIN_ROLLOUTS, k)[j]``, so results do not depend on ``batch_size``,
-  and a seed reproduces a run (up to kernel float noise, see ``ibpo_lit.rollout.hf``).
+  ``rollout_seeds(seed, i, MAIN_ROLLOUTS, k)[j]`` (its correction: stream ``CORRECTIONS``, its
+  reference choice: ``REFERENCE_CHOICE``), so results do not depend on ``batch_size``, and a
+  seed reproduces a run (up to kernel float noise, see ``ibpo_lit.rollout.hf``).
 - Built-in random models (``tiny-llama``) are built with weight seed 0 whatever ``seed`` is:
   ``seed`` varies the sampling only, so runs over seeds evaluate one model.
-- Unscorable samples (the verifier returns None, e.g. a gold that does not parse) count as not
-  correct; their share is reported as ``unscorable_frac`` so it is never silent.
+- Unscorable samples (the verifier returns None, e.g. a gold that does not parse, or the
+  sandbox harness failed) count as not correct; their share is reported as ``unscorable_frac``.
 - Prompts longer than ``max_prompt_tokens`` stop the run (skipping or truncating would change
   the benchmark).
 
 What is not covered:
 - vLLM or any engine faster than ``HFRolloutEngine``; multi-GPU sharding.
-- Code benchmarks (a sandbox verifier).
+- Per-problem golds of code benchmarks are not written to the result (they are the test suites).
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Sequence
+from typing import Any, Sequence, Union
 
 import torch
 from torchmetrics.aggregation import MeanMetric
@@ -35,17 +50,27 @@ from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.data.prompt_builder import PromptBuilder
 from ibpo_lit.data.records import Record
 from ibpo_lit.evaluation.answers import extract_answer
+from ibpo_lit.evaluation.baselines import CORRECTION_BASELINES, NOTES, parse_baselines
 from ibpo_lit.evaluation.checkpoint import load_checkpoint_weights
-from ibpo_lit.evaluation.metrics import avg_at_k, correct_matrix, maj_at_k, mean_pass_at_k
+from ibpo_lit.evaluation.metrics import avg_at_k, correct_matrix, maj_at_k, mean_pass_at_k, mean_test_fraction
+from ibpo_lit.evaluation.sampling import make_engine, sample
+from ibpo_lit.evaluation.scoring import Verdicts, score_samples, status_counts
 from ibpo_lit.models.loading import DTYPES, load_policy
-from ibpo_lit.rewards import math_scores
 from ibpo_lit.rollout.engine import SamplingConfig
-from ibpo_lit.seeding import MAIN_ROLLOUTS, rollout_seeds
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_INSTRUCTION = "Think step by step, then give the final answer after ####."
 MODEL_WEIGHT_SEED = 0  # built-in random models: one set of weights for every evaluation seed
+
+
+def default_instruction(task: str) -> str:
+    """The instruction appended to each problem when none is given: math's, or the code one."""
+    if task == "code":
+        from ibpo_lit.data.code_tasks import CODE_INSTRUCTION
+
+        return CODE_INSTRUCTION
+    return DEFAULT_INSTRUCTION
 
 
 def evaluate(
@@ -59,7 +84,7 @@ def evaluate(
     top_k: int = 20,
     min_p: float = 0.0,
     max_new_tokens: int = 1024,
-    instruction: str = DEFAULT_INSTRUCTION,
+    instruction: str | None = None,
     system_prompt: str | None = None,
     seed: int = 0,
     batch_size: int = 8,
@@ -68,14 +93,20 @@ def evaluate(
     max_prompt_tokens: int = 4096,
     device: str | None = None,
     keep_completions: bool = False,
+    mbpp_split: str = "test",
+    sandbox_workers: int = 2,
+    baselines: Union[Sequence[str], str] = (),
 ) -> dict[str, Any]:
-    """Sample ``k`` responses per problem of a benchmark and report avg@k, pass@k and maj@k.
+    """Sample ``k`` responses per problem of a benchmark and report avg@k, pass@k and maj@k
+    (math) or pass@k with the share of tests passed (code), and optional baselines.
 
     Args:
         model_name_or_path: Hugging Face hub id, local ``save_pretrained`` directory, or a
             built-in name (``tiny-llama``). With ``ckpt_path``, the model the run was trained from.
-        benchmark: gsm8k, gsm8k_train, math500, aime25 or hmmt25.
-        path: A local JSONL file of the benchmark; None reads it from the Hugging Face hub.
+        benchmark: Math: gsm8k, gsm8k_train, math500, aime25 or hmmt25. Code (scored in the
+            sandbox): humaneval, mbpp, mbpp_sanitized or livecodebench.
+        path: A local JSONL file of the benchmark; None reads it from the Hugging Face hub
+            (not for livecodebench).
         k: Samples per problem (the paper uses 64).
         limit: Evaluate only the first ``limit`` problems; None for all.
         temperature: Sampling temperature (paper: 0.6).
@@ -83,45 +114,74 @@ def evaluate(
         top_k: Keep the k most likely tokens (paper: 20); 0 disables it, 1 is greedy.
         min_p: Min-p filter (paper: 0); 0 disables it.
         max_new_tokens: Longest response in tokens; longer ones are cut and count as truncated.
-        instruction: Appended to each problem; answers after ``####`` or in ``\\boxed{}`` are read.
+        instruction: Appended to each problem. None: math "Think step by step, then give the final
+            answer after ####." (answers after ``####`` or in ``\\boxed{}`` are read); code "Write
+            your solution in Python, in a single ```python code block.".
         system_prompt: Optional system message of the chat template.
         seed: Sampling seed; evaluate several seeds and combine them for a confidence interval.
         batch_size: Problems per generate call (each brings k rows).
         ckpt_path: A Lightning checkpoint of IBPOModule (``.../checkpoints/last.ckpt``) whose
             policy weights replace the loaded ones.
         dtype: Model dtype: float32, bfloat16 or float16.
-        max_prompt_tokens: A longer prompt stops the evaluation with an error.
+        max_prompt_tokens: A longer prompt (correction prompts included) stops the evaluation with an error.
         device: Torch device; None picks cuda when available, else cpu.
         keep_completions: Also store every completion text in the per-problem records.
+        mbpp_split: mbpp / mbpp_sanitized only: the split by task_id, test (11-510, the
+            default), validation, train, prompt, or all.
+        sandbox_workers: Code benchmarks: programs run in the sandbox at once.
+        baselines: Also compute these, from the same k samples (a list, or names joined by
+            commas): test_time_correction (every sample is corrected once by the policy against a
+            reference among the other samples picked WITHOUT the gold: one sharing the most
+            frequent answer; reports ttc@1, ttc_fixed, ttc_broken; needs k >= 2),
+            test_time_correction_oracle (the same, but the reference is a correct sample, picked
+            WITH the gold: an ORACLE upper bound; ttc_oracle@1, ...), best_of_n (best of N = k
+            picked with the gold verifier, which IS pass@N: best_of_n = pass@k; and the
+            verifier-free pick, the majority answer: best_of_n_majority = maj@k, math only).
 
     Returns:
-        The result dict: settings, ``avg@k``, ``pass@1``, ``pass@k``, ``maj@k``,
-        ``response_len``, ``truncated_frac``, ``unscorable_frac``, ``seconds`` and ``problems``
-        (per problem: uid, gold, n_correct, n_unscorable, scores, answers).
+        The result dict: settings, ``avg@k``, ``pass@1``, ``pass@k``, ``maj@k`` (None for code),
+        ``response_len``, ``truncated_frac``, ``unscorable_frac``, for code ``test_pass_frac`` and
+        ``sandbox_status``, the baselines' metrics and their descriptions (``baselines``),
+        ``seconds`` and ``problems`` (per problem: uid, gold (math), n_correct, n_unscorable,
+        scores, answers (math) or test_fracs and statuses (code), and the baselines' fields).
     """
     start = time.perf_counter()
     sampling = SamplingConfig(temperature, top_p, top_k, min_p, max_new_tokens)  # validates
-    _check_settings(k=k, limit=limit, batch_size=batch_size, dtype=dtype)
-    records = load_problems(benchmark, path, limit)
+    _check_settings(k=k, limit=limit, batch_size=batch_size, dtype=dtype, sandbox_workers=sandbox_workers)
+    names = parse_baselines(baselines, k)
+    task = check_benchmark(benchmark, mbpp_split)
+    records = load_problems(benchmark, path, limit, mbpp_split)
     model, tokenizer = load_model(model_name_or_path, ckpt_path, dtype, device)
+    instruction = default_instruction(task) if instruction is None else instruction
     builder = PromptBuilder(
         tokenizer, instruction=instruction, system_prompt=system_prompt,
-        max_prompt_tokens=max_prompt_tokens, on_long_prompt="error",
+        max_prompt_tokens=max_prompt_tokens, on_long_prompt="error", task=task,
     )
     prompts = [builder.build(r.problem, r.gold, r.uid) for r in records]
+    engine = make_engine(model, tokenizer, sampling)
     gen_start = time.perf_counter()
-    completions, lengths, finished = sample(model, tokenizer, prompts, k, sampling, seed, batch_size)
+    completions, lengths, finished = sample(engine, tokenizer, prompts, k, seed, batch_size)
     gen_seconds = time.perf_counter() - gen_start
-    scores = score(completions, [p.gold for p in prompts])
-    result = summarize(prompts, completions, scores, lengths, finished, k, keep_completions)
-    result = {
+    verdicts = score_samples(task, completions, [p.gold for p in prompts], sandbox_workers)
+    answers = extract_answers(task, completions)
+    result = summarize(prompts, completions, verdicts, answers, lengths, finished, k, keep_completions)
+    baseline_start = time.perf_counter()
+    problems = result.pop("problems")
+    result.update(run_baselines(
+        names, result, problems, engine, tokenizer, prompts, completions, answers, verdicts, task=task, seed=seed,
+        batch_size=batch_size, max_prompt_tokens=max_prompt_tokens, sandbox_workers=sandbox_workers,
+        keep_completions=keep_completions,
+    ))
+    return {
         "benchmark": benchmark,
+        "task": task,
         "path": path,
         "model": model_name_or_path,
         "ckpt": ckpt_path,
         "k": k,
         "n_problems": len(prompts),
         "limit": limit,
+        "mbpp_split": mbpp_split if task == "code" else None,
         "seed": seed,
         "decoding": {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                      "max_new_tokens": max_new_tokens},
@@ -130,12 +190,13 @@ def evaluate(
         "dtype": dtype,
         **result,
         "generate_seconds": gen_seconds,
+        "baseline_seconds": time.perf_counter() - baseline_start,
         "seconds": time.perf_counter() - start,
+        "problems": problems,
     }
-    return result
 
 
-def _check_settings(k: int, limit: int | None, batch_size: int, dtype: str) -> None:
+def _check_settings(k: int, limit: int | None, batch_size: int, dtype: str, sandbox_workers: int = 1) -> None:
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if limit is not None and limit < 1:
@@ -144,13 +205,24 @@ def _check_settings(k: int, limit: int | None, batch_size: int, dtype: str) -> N
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    if sandbox_workers < 1:
+        raise ValueError(f"sandbox_workers must be >= 1, got {sandbox_workers}")
 
 
-def load_problems(benchmark: str, path: str | None, limit: int | None) -> list[Record]:
+def check_benchmark(benchmark: str, mbpp_split: str = "test") -> str:
+    """The verifier of ``benchmark``, "math" or "code"; an unknown name or a bad ``mbpp_split``
+    raises here, before any data or model loads."""
+    from ibpo_lit.data.benchmarks import benchmark_task, check_mbpp_split
+
+    check_mbpp_split(benchmark, mbpp_split)
+    return benchmark_task(benchmark)
+
+
+def load_problems(benchmark: str, path: str | None, limit: int | None, mbpp_split: str = "test") -> list[Record]:
     """The benchmark's records (``ibpo_lit.data.benchmarks.load_benchmark``)."""
     from ibpo_lit.data.benchmarks import load_benchmark  # the data room owns benchmark formats
 
-    records = load_benchmark(benchmark, path=path, limit=limit)
+    records = load_benchmark(benchmark, path=path, limit=limit, mbpp_split=mbpp_split)
     if not records:
         raise ValueError(f"benchmark {benchmark!r} ({path or 'hub'}) has no problems")
     return list(records)
@@ -165,65 +237,26 @@ def load_model(model_name_or_path: str, ckpt_path: str | None, dtype: str, devic
     return model.to(device).eval(), tokenizer
 
 
-def eos_token_ids(model, tokenizer) -> list[int]:
-    """The tokenizer's EOS plus the generation config's (as ``IBPOModule`` stops rollouts)."""
-    ids = {tokenizer.eos_token_id}
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if gen_eos is not None:
-        ids.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
-    return sorted(i for i in ids if i is not None)
-
-
-def sample(
-    model, tokenizer, prompts: Sequence[Prompt], k: int, sampling: SamplingConfig, seed: int, batch_size: int
-) -> tuple[list[list[str]], list[list[int]], list[list[bool]]]:
-    """Per problem: k completion texts, their lengths in tokens and whether each ended with EOS."""
-    from ibpo_lit.rollout.hf import HFRolloutEngine  # transformers' generation code is slow to import
-
-    engine = HFRolloutEngine(model, eos_token_ids(model, tokenizer), tokenizer.pad_token_id, sampling)
-    texts, lengths, finished = [], [], []
-    for first in range(0, len(prompts), batch_size):
-        chunk = prompts[first : first + batch_size]
-        seeds = [s for i in range(first, first + len(chunk)) for s in rollout_seeds(seed, i, MAIN_ROLLOUTS, k)]
-        batch = engine.generate([p.prompt_ids for p in chunk], n=k, seeds=seeds).to("cpu")
-        decoded = tokenizer.batch_decode(batch.response_lists(), skip_special_tokens=True)
-        for p in range(len(chunk)):
-            rows = slice(p * k, (p + 1) * k)
-            texts.append(decoded[rows])
-            lengths.append(batch.response_lengths[rows].tolist())
-            finished.append(batch.finished[rows].tolist())
-        logger.info("generated %d/%d problems", first + len(chunk), len(prompts))
-    return texts, lengths, finished
-
-
-def score(completions: Sequence[Sequence[str]], golds: Sequence[str]) -> list[list[float | None]]:
-    """Verifier scores per problem and sample: 1.0, 0.0, or None (unscorable or timed out).
-
-    One ``math_scores`` call for the whole benchmark: math-verify runs in worker processes that
-    are killed past their timeout, so one pathological completion cannot stall the evaluation.
-    """
-    flat = [c for per_problem in completions for c in per_problem]
-    flat_golds = [g for g, per_problem in zip(golds, completions) for _ in per_problem]
-    flat_scores = list(math_scores(flat, flat_golds))
-    out, at = [], 0
-    for per_problem in completions:
-        out.append(flat_scores[at : at + len(per_problem)])
-        at += len(per_problem)
-    return out
+def extract_answers(task: str, completions: Sequence[Sequence[str]]) -> list[list[str | None]]:
+    """Per problem and sample, the canonical final answer (math); all None for code (no answer to vote on)."""
+    if task == "code":
+        return [[None] * len(per_problem) for per_problem in completions]
+    return [[extract_answer(c) for c in per_problem] for per_problem in completions]
 
 
 def summarize(
     prompts: Sequence[Prompt],
     completions: Sequence[Sequence[str]],
-    scores: Sequence[Sequence[float | None]],
+    verdicts: Verdicts,
+    answers: Sequence[Sequence[str | None]],
     lengths: Sequence[Sequence[int]],
     finished: Sequence[Sequence[bool]],
     k: int,
     keep_completions: bool = False,
 ) -> dict[str, Any]:
     """Metrics and per-problem records from the sampled and scored completions."""
+    scores, is_code = verdicts.scores, verdicts.statuses is not None
     correct = correct_matrix(scores)  # [N, k]
-    answers = [[extract_answer(c) for c in per_problem] for per_problem in completions]
     num_correct = correct.sum(dim=1)  # [N]
     response_len, truncated = MeanMetric(), MeanMetric()
     for lens, fin in zip(lengths, finished):
@@ -232,24 +265,54 @@ def summarize(
     n_unscorable = [sum(s is None for s in row) for row in scores]
     problems = []
     for p, prompt in enumerate(prompts):
-        record = {
-            "uid": prompt.uid,
-            "gold": prompt.gold,
-            "n_correct": int(num_correct[p]),
-            "n_unscorable": n_unscorable[p],
-            "scores": list(scores[p]),
-            "answers": answers[p],
-        }
+        record = {"uid": prompt.uid, "n_correct": int(num_correct[p]), "n_unscorable": n_unscorable[p],
+                  "scores": list(scores[p])}
+        if is_code:
+            record.update(test_fracs=verdicts.test_fracs[p], statuses=verdicts.statuses[p])
+        else:
+            record.update(gold=prompt.gold, answers=list(answers[p]))
         if keep_completions:
             record["completions"] = list(completions[p])
         problems.append(record)
-    return {
+    metrics = {
         "avg@k": avg_at_k(correct),
         "pass@1": mean_pass_at_k(num_correct, n=k, k=1),
         "pass@k": mean_pass_at_k(num_correct, n=k, k=k),
-        "maj@k": maj_at_k(answers, correct.tolist()),
+        "maj@k": None if is_code else maj_at_k(answers, correct.tolist()),
         "response_len": float(response_len.compute()),
         "truncated_frac": float(truncated.compute()),
         "unscorable_frac": sum(n_unscorable) / (len(prompts) * k),
-        "problems": problems,
     }
+    if is_code:
+        metrics["test_pass_frac"] = mean_test_fraction(verdicts.test_fracs)
+        metrics["sandbox_status"] = status_counts(verdicts.statuses)
+    return {**metrics, "problems": problems}
+
+
+def run_baselines(
+    names: Sequence[str], result: dict[str, Any], problems: list[dict[str, Any]], engine, tokenizer,
+    prompts: Sequence[Prompt], completions: Sequence[Sequence[str]], answers: Sequence[Sequence[str | None]],
+    verdicts: Verdicts, *, task: str, seed: int, batch_size: int, max_prompt_tokens: int, sandbox_workers: int,
+    keep_completions: bool = False,
+) -> dict[str, Any]:
+    """The baselines' metrics and their descriptions (under ``baselines``); their per-problem
+    fields are merged into ``problems`` in place. ``result`` holds the metrics of the samples."""
+    if not names:
+        return {}
+    from ibpo_lit.evaluation.correction_baseline import run_correction_baseline
+
+    out: dict[str, Any] = {"baselines": {name: NOTES[name] for name in names}}
+    correct = correct_matrix(verdicts.scores)
+    for name in names:
+        if name == "best_of_n":  # with the gold verifier the best of N is correct iff one of N is
+            out.update(best_of_n=result["pass@k"], best_of_n_majority=result["maj@k"])
+        elif name in CORRECTION_BASELINES:
+            metrics, per_problem = run_correction_baseline(
+                name, engine, tokenizer, prompts, completions, answers, correct, task=task, seed=seed,
+                batch_size=batch_size, max_prompt_tokens=max_prompt_tokens, sandbox_workers=sandbox_workers,
+                keep_completions=keep_completions,
+            )
+            out.update(metrics)
+            for record, extra in zip(problems, per_problem):
+                record.update(extra)
+    return out

@@ -123,3 +123,123 @@ def test_product_does_not_reference_the_shared_folder():
     import ibpo_lit.data.benchmarks as b
 
     assert "/work/shared" not in Path(b.__file__).read_text()
+
+
+# ------------------------------------------------------------------ code benchmarks
+CODE_FILES = {"humaneval": "humaneval.jsonl", "mbpp": "mbpp_full.jsonl", "mbpp_sanitized": "mbpp_sanitized.jsonl"}
+
+
+def _code_path(name: str) -> Path:
+    path = DATA / CODE_FILES[name]
+    if not path.is_file():
+        pytest.skip(f"{path} not present")
+    return path
+
+
+@pytest.mark.parametrize("name, count, first, last", [
+    ("humaneval", 164, "HumanEval/0", "HumanEval/163"),
+    ("mbpp", 500, "mbpp/11", "mbpp/510"),  # the test split by default
+    ("mbpp_sanitized", 257, "mbpp_sanitized/11", "mbpp_sanitized/479"),  # sanitized dropped 480-510
+])
+def test_code_counts_and_uids(name, count, first, last):
+    from ibpo_lit.data.benchmarks import CODE_BENCHMARKS
+    from ibpo_lit.rewards.code import CodeTests
+
+    records = load_benchmark(name, _code_path(name))
+    assert len(records) == count == CODE_BENCHMARKS[name].size
+    assert (records[0].uid, records[-1].uid) == (first, last)
+    assert len({r.uid for r in records}) == count
+    assert CodeTests.from_gold(records[0].gold).tests  # the gold is the sandbox's test spec
+
+
+def test_mbpp_other_splits_from_the_shared_file():
+    path = _code_path("mbpp")
+    assert len(load_benchmark("mbpp", path, mbpp_split="all")) == 974
+    assert len(load_benchmark("mbpp", path, mbpp_split="validation")) == 90
+    assert [r.uid for r in load_benchmark("mbpp", path, mbpp_split="train", limit=2)] == ["mbpp/601", "mbpp/602"]
+
+
+def _mbpp_line(task_id: int) -> dict:
+    return {"task_id": task_id, "text": f"Task {task_id}.", "code": "def f(x):\r\n  return x",
+            "test_list": ["assert f(1) == 1"], "test_setup_code": "", "challenge_test_list": []}
+
+
+def test_mbpp_split_and_limit_on_a_small_file(tmp_path):
+    f = tmp_path / "mbpp.jsonl"
+    f.write_text("".join(json.dumps(_mbpp_line(t)) + "\n" for t in (3, 11, 12, 13, 600, 974)))
+    assert [r.uid for r in load_benchmark("mbpp", f)] == ["mbpp/11", "mbpp/12", "mbpp/13"]
+    assert [r.uid for r in load_benchmark("mbpp", f, limit=2)] == ["mbpp/11", "mbpp/12"]  # limit after the split
+    assert [r.uid for r in load_benchmark("mbpp", f, mbpp_split="all")] == [
+        "mbpp/3", "mbpp/11", "mbpp/12", "mbpp/13", "mbpp/600", "mbpp/974"]
+    assert load_benchmark("mbpp", f)[0].problem.startswith("Task 11.\nYour code should pass these tests:")
+    with pytest.raises(ValueError, match="mbpp_split must be one of"):
+        load_benchmark("mbpp", f, mbpp_split="dev")
+    with pytest.raises(ValueError, match="applies to mbpp and mbpp_sanitized only, not 'gsm8k'"):
+        load_benchmark("gsm8k", f, mbpp_split="train")
+
+
+def test_benchmark_task():
+    from ibpo_lit.data.benchmarks import benchmark_task
+
+    assert [benchmark_task(n) for n in ("gsm8k", "aime25", "humaneval", "mbpp", "mbpp_sanitized", "livecodebench")] == [
+        "math", "math", "code", "code", "code", "code"]
+    with pytest.raises(ValueError, match=r"unknown benchmark 'apps'.*'humaneval'.*'livecodebench'.*'mbpp'"):
+        benchmark_task("apps")
+
+
+def test_livecodebench_needs_a_file():
+    with pytest.raises(ValueError, match="'livecodebench' has no hub path; pass --path"):
+        load_benchmark("livecodebench")
+
+
+class _FakeDatasets:
+    """Stands in for the `datasets` library: ``load_dataset`` serves rows from a dict."""
+
+    def __init__(self, rows):
+        self.rows, self.calls = rows, []
+
+    def load_dataset(self, hub_id, config, split):
+        self.calls.append((hub_id, config, split))
+        return list(self.rows[(hub_id, config, split)])
+
+
+def test_code_hub_rows_go_through_the_file_loaders(monkeypatch):
+    he_row = {"task_id": "HumanEval/0", "prompt": "def f(x):\n", "entry_point": "f",
+              "canonical_solution": "    return x\n", "test": "def check(c):\n    assert c(1) == 1\n"}
+    fake = _FakeDatasets({
+        ("openai/openai_humaneval", None, "test"): [he_row],
+        ("google-research-datasets/mbpp", "full", "test"): [_mbpp_line(11), _mbpp_line(12)],
+        ("google-research-datasets/mbpp", "full", "prompt"): [_mbpp_line(2)],
+        ("google-research-datasets/mbpp", "full", "validation"): [_mbpp_line(511)],
+        ("google-research-datasets/mbpp", "full", "train"): [_mbpp_line(601)],
+    })
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    assert [r.uid for r in load_benchmark("humaneval")] == ["HumanEval/0"]
+    assert [r.uid for r in load_benchmark("mbpp", limit=1)] == ["mbpp/11"]
+    assert fake.calls[-1] == ("google-research-datasets/mbpp", "full", "test")
+    assert [r.uid for r in load_benchmark("mbpp", mbpp_split="all")] == [
+        "mbpp/2", "mbpp/11", "mbpp/12", "mbpp/511", "mbpp/601"]
+    file_record = load_benchmark("humaneval", _write(he_row))[0]
+    assert load_benchmark("humaneval")[0] == file_record  # same problem text and gold as from a file
+
+
+def _write(row) -> Path:
+    import tempfile
+
+    path = Path(tempfile.mkdtemp()) / "he.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    return path
+
+
+def test_math_hub_rows_parse_like_file_lines(monkeypatch):
+    fake = _FakeDatasets({("MathArena/aime_2025", None, "train"): [
+        {"problem": "1+1?", "answer": 2, "id": "aime2025_I_1"}, {"problem": "2+2?", "answer": "4"}]})
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    records = load_benchmark("aime25")
+    assert [(r.uid, r.gold) for r in records] == [("aime2025_I_1", "2"), ("MathArena/aime_2025/train:2", "4")]
+
+
+def test_code_hub_without_datasets(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ImportError, match="pip install datasets, or pass --path"):
+        load_benchmark("humaneval")

@@ -12,6 +12,7 @@ from ibpo_lit.evaluation.metrics import (
     maj_at_k,
     majority_answer,
     mean_pass_at_k,
+    mean_test_fraction,
     pass_at_k,
 )
 
@@ -128,3 +129,12 @@ def test_no_answer_is_none():
     assert extract_answer("") is None
     # The #### line is read first, as math_score reads it.
     assert extract_answer("12 apples\n#### 7\nmore text 9") == "7"
+
+
+def test_mean_test_fraction_by_hand():
+    # (1 + 1/3 + 0.5 + 0) / 4, the unscorable sample counting as no test passed
+    assert mean_test_fraction([[1.0, 1 / 3], [0.5, None]]) == pytest.approx((1 + 1 / 3 + 0.5) / 4)
+    with pytest.raises(ValueError, match="at least one sample"):
+        mean_test_fraction([[]])
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        mean_test_fraction([[1.5]])

@@ -1,0 +1,64 @@
+"""Sampling for evaluation: the HF engine over many prompts, with a seed per response.
+
+Every response's seed is fixed before batching (the caller computes it from the problem's index
+and the sample's index, ``ibpo_lit.seeding``), and ``HFRolloutEngine`` samples each row from its
+own generator, so what a problem gets does not depend on ``batch_size`` or on ``limit``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+from ibpo_lit.data.prompt import Prompt
+from ibpo_lit.rollout.engine import SamplingConfig
+from ibpo_lit.seeding import MAIN_ROLLOUTS, rollout_seeds
+
+logger = logging.getLogger(__name__)
+
+Samples = tuple[list[list[str]], list[list[int]], list[list[bool]]]  # texts, lengths, finished per prompt
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """The tokenizer's EOS plus the generation config's (as ``IBPOModule`` stops rollouts)."""
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if gen_eos is not None:
+        ids.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
+    return sorted(i for i in ids if i is not None)
+
+
+def make_engine(model, tokenizer, sampling: SamplingConfig):
+    """An ``HFRolloutEngine`` over ``model`` with the evaluation's decoding settings."""
+    from ibpo_lit.rollout.hf import HFRolloutEngine  # transformers' generation code is slow to import
+
+    return HFRolloutEngine(model, eos_token_ids(model, tokenizer), tokenizer.pad_token_id, sampling)
+
+
+def generate(engine, tokenizer, prompt_ids: Sequence[list[int]], n: int, seeds: Sequence[int],
+             prompts_per_call: int, what: str = "problems") -> Samples:
+    """``n`` responses per prompt; ``seeds`` holds one seed per response, prompt-major (P * n).
+
+    Returns, per prompt: the n decoded texts, their lengths in tokens, and whether each ended
+    with EOS (False: cut at ``max_new_tokens``).
+    """
+    if len(seeds) != len(prompt_ids) * n:
+        raise ValueError(f"need {len(prompt_ids) * n} seeds, got {len(seeds)}")
+    texts, lengths, finished = [], [], []
+    for first in range(0, len(prompt_ids), prompts_per_call):
+        chunk = prompt_ids[first : first + prompts_per_call]
+        chunk_seeds = seeds[first * n : (first + len(chunk)) * n]
+        batch = engine.generate(chunk, n=n, seeds=chunk_seeds).to("cpu")
+        decoded = tokenizer.batch_decode(batch.response_lists(), skip_special_tokens=True)
+        for p in range(len(chunk)):
+            rows = slice(p * n, (p + 1) * n)
+            texts.append(decoded[rows])
+            lengths.append(batch.response_lengths[rows].tolist())
+            finished.append(batch.finished[rows].tolist())
+        logger.info("generated %d/%d %s", first + len(chunk), len(prompt_ids), what)
+    return texts, lengths, finished
+
+
+def sample(engine, tokenizer, prompts: Sequence[Prompt], k: int, seed: int, batch_size: int) -> Samples:
+    """k samples per problem; sample j of problem i has seed ``rollout_seeds(seed, i, MAIN_ROLLOUTS, k)[j]``."""
+    seeds = [s for i in range(len(prompts)) for s in rollout_seeds(seed, i, MAIN_ROLLOUTS, k)]
+    return generate(engine, tokenizer, [p.prompt_ids for p in prompts], k, seeds, batch_size)
