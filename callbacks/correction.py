@@ -7,14 +7,21 @@ the full-rewrite filter. The module turns the outcome into shaped rewards (and, 
 ``ibpo: mask``, token weights) and, when ``train_on_corrections`` is on, also trains the
 correction samples with the same loss.
 
-Covered: reference choice, the prompt template (its wording is configurable), k
-corrections per correction prompt, fixed or adaptive alpha, joint training with grouping
-by original prompt or by correction prompt.
+Covered: reference choice (or none: the k = 1 ablation below), the prompt template (its
+wording is configurable), k corrections per correction prompt, fixed or adaptive alpha, joint
+training with grouping by original prompt or by correction prompt.
 Not covered: source-side suppression (METHOD's optional penalty on full rewrites), and
 unscorable rollouts (NaN reward) are neither corrected nor used as references.
 Choices the paper left open: with ``corrections_per_input > 1`` the first correction of each
-wrong rollout decides its shaping and all ``k`` are trained; a rollout whose group has no
-other scored rollout gets no correction.
+wrong rollout decides its shaping and all ``k`` are trained; with a reference, a rollout whose
+group has no other scored rollout gets no correction.
+
+The k = 1 ablation (``reference: none``, "no counterfactual partner"): every wrong rollout
+gets a self-revision prompt showing only itself, no reference is drawn, and the full-rewrite
+filter keeps only ``d(y_i, y^) > alpha``: its second condition, ``d(y_i, y^) > d(y^, y_ref)``,
+compares against a reference there is none of. Scoring, shaping and joint training are the
+same. Unlike the paired mode, a wrong rollout with no other scored rollout in its group is
+corrected too (it needs no partner).
 
 This is a Lightning callback that acts through one extra hook, ``on_rollouts_scored``, which
 ``IBPOModule.training_step`` calls on every callback that defines it.
@@ -24,7 +31,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import replace
-from typing import Literal, Optional, Union
+from typing import Literal, Optional, Sequence, Union
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -45,6 +52,24 @@ DEFAULT_CODE_TEMPLATE = (
     "by step, identify any bugs or inconsistencies, and then write a corrected solution in a single "
     "```python code block."
 )
+# ``reference: none`` (k = 1): the same wording, adapted to a single candidate.
+DEFAULT_SELF_REVISION_TEMPLATE = (
+    "You are given a candidate solution to a problem. Check it step by step, identify any errors, "
+    "and then produce a corrected solution and final answer."
+)
+DEFAULT_SELF_REVISION_CODE_TEMPLATE = (
+    "You are given a candidate Python solution to a programming problem. Check it step by step, "
+    "identify any bugs, and then write a corrected solution in a single ```python code block."
+)
+REFERENCE_MODES = ("group", "none")
+
+
+def is_rewrite(original: Sequence[int], corrected: Sequence[int], reference: Optional[Sequence[int]], alpha: float) -> bool:
+    """The full-rewrite filter of either mode: METHOD's two-sided test when there is a
+    reference, only ``d(original, corrected) > alpha`` without one (k = 1)."""
+    if reference is None:
+        return normalized_edit_distance(original, corrected) > alpha
+    return is_full_rewrite(original, corrected, reference, alpha)
 
 
 class CorrectionRollouts(Callback):
@@ -66,6 +91,11 @@ class CorrectionRollouts(Callback):
             are shown as ```python blocks.
         answer_instruction: How the correction must state its answer; unset = the prompt's
             own instruction (``Prompt.meta["instruction"]``) or a generic one.
+        reference: ``group`` (the paper's method: a partner drawn from the group) or ``none``
+            (the k = 1 ablation: the policy revises its wrong answer alone; the rewrite filter
+            keeps only ``d(y_i, y^) > alpha``).
+        self_revision_template: Instruction of the prompt with ``reference: none``.
+        self_revision_code_template: The same for code tasks.
     """
 
     def __init__(
@@ -78,7 +108,12 @@ class CorrectionRollouts(Callback):
         template: str = DEFAULT_TEMPLATE,
         code_template: str = DEFAULT_CODE_TEMPLATE,
         answer_instruction: Optional[str] = None,
+        reference: Literal["group", "none"] = "group",
+        self_revision_template: str = DEFAULT_SELF_REVISION_TEMPLATE,
+        self_revision_code_template: str = DEFAULT_SELF_REVISION_CODE_TEMPLATE,
     ) -> None:
+        if reference not in REFERENCE_MODES:
+            raise ValueError(f"CorrectionRollouts.reference must be one of {', '.join(REFERENCE_MODES)}; got {reference!r}")
         if alpha != "adaptive" and not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1):
             raise ValueError(f"CorrectionRollouts.alpha must be a number in [0, 1] or 'adaptive', got {alpha!r}")
         if corrections_per_input < 1:
@@ -98,6 +133,9 @@ class CorrectionRollouts(Callback):
         self.template = template
         self.code_template = code_template
         self.answer_instruction = answer_instruction
+        self.reference = reference
+        self.self_revision_template = self_revision_template
+        self.self_revision_code_template = self_revision_code_template
 
     # ------------------------------------------------------------------ hook
     def on_rollouts_scored(self, trainer, pl_module, step: ScoredRollouts) -> None:
@@ -106,7 +144,7 @@ class CorrectionRollouts(Callback):
         responses = rollouts.response_lists()
         groups = rollouts.group_index.tolist()
 
-        pairs = self.choose_references(rewards.tolist(), groups, pl_module.rollout_cfg.seed, step.step)
+        pairs = self.correction_pairs(rewards.tolist(), groups, pl_module.rollout_cfg.seed, step.step)
         out = Corrections(
             rewards=torch.full((B,), math.nan),
             rewrite=torch.zeros(B, dtype=torch.bool),
@@ -121,7 +159,9 @@ class CorrectionRollouts(Callback):
 
         tokenizer = pl_module.tokenizer
         prompt_ids = [
-            self.correction_prompt_ids(tokenizer, step.prompts[groups[i]], step.texts[i], step.texts[ref])
+            self.correction_prompt_ids(
+                tokenizer, step.prompts[groups[i]], step.texts[i], None if ref is None else step.texts[ref]
+            )
             for i, ref in pairs
         ]
         sampling = pl_module.rollout_cfg.sampling
@@ -149,7 +189,9 @@ class CorrectionRollouts(Callback):
         out.alpha = float(alpha)
         for m in success:
             i, ref = pairs[m]
-            out.rewrite[i] = is_full_rewrite(responses[i], corrected[firsts[m]], responses[ref], float(alpha))
+            out.rewrite[i] = is_rewrite(
+                responses[i], corrected[firsts[m]], None if ref is None else responses[ref], float(alpha)
+            )
 
         if self.train_on_corrections:
             if self.grouping == "prompt":
@@ -173,6 +215,15 @@ class CorrectionRollouts(Callback):
         step.corrections = out
 
     # --------------------------------------------------------------- pieces
+    def correction_pairs(
+        self, rewards: list[float], groups: list[int], seed: int, step: int
+    ) -> list[tuple[int, Optional[int]]]:
+        """``(i, ref)`` for every wrong rollout ``i`` that gets a correction; with
+        ``reference: none`` every wrong rollout, paired with None (no reference is drawn)."""
+        if self.reference == "none":
+            return [(i, None) for i, reward in enumerate(rewards) if reward == 0]  # NaN is not wrong
+        return self.choose_references(rewards, groups, seed, step)
+
     @staticmethod
     def choose_references(rewards: list[float], groups: list[int], seed: int, step: int) -> list[tuple[int, int]]:
         """``(i, ref)`` for every wrong rollout ``i`` that has a partner (METHOD section 5, step 1):
@@ -193,24 +244,33 @@ class CorrectionRollouts(Callback):
         return pairs
 
     def correction_prompt_text(
-        self, problem: str, attempt: str, reference: str, instruction: Optional[str], task: str = "math"
+        self, problem: str, attempt: str, reference: Optional[str], instruction: Optional[str], task: str = "math"
     ) -> str:
-        """The user message of ``x~ = (x; y_i, y_ref)``."""
+        """The user message of ``x~ = (x; y_i, y_ref)``, or of ``(x; y_i)`` when ``reference``
+        is None (the self-revision prompt of ``reference: none``)."""
         if task == "code":
             from ibpo_lit.rewards.code import extract_code
 
+            def block(text: str) -> str:
+                return f"```python\n{extract_code(text).rstrip()}\n```"
+
+            if reference is None:
+                return f"{self.self_revision_code_template}\n\nProblem:\n{problem}\n\nCandidate solution:\n{block(attempt)}"
             return (
                 f"{self.code_template}\n\nProblem:\n{problem}\n\n"
-                f"Candidate solution 1:\n```python\n{extract_code(attempt).rstrip()}\n```\n\n"
-                f"Candidate solution 2:\n```python\n{extract_code(reference).rstrip()}\n```"
+                f"Candidate solution 1:\n{block(attempt)}\n\n"
+                f"Candidate solution 2:\n{block(reference)}"
             )
         answer = self.answer_instruction or instruction or DEFAULT_ANSWER_INSTRUCTION
+        if reference is None:
+            return f"{self.self_revision_template}\n\nProblem:\n{problem}\n\nCandidate solution:\n{attempt}\n\n{answer}"
         return (
             f"{self.template}\n\nProblem:\n{problem}\n\n"
             f"Candidate solution 1:\n{attempt}\n\nCandidate solution 2:\n{reference}\n\n{answer}"
         )
 
-    def correction_prompt_ids(self, tokenizer, prompt, attempt: str, reference: str) -> list[int]:
+    def correction_prompt_ids(self, tokenizer, prompt, attempt: str, reference: Optional[str]) -> list[int]:
+        """Token ids of the correction prompt, through the chat template when the tokenizer has one."""
         text = self.correction_prompt_text(
             prompt.problem, attempt, reference, prompt.meta.get("instruction"), task=prompt.task
         )

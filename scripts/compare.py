@@ -1,7 +1,18 @@
-"""Compute-matched A/B: GSPO with a large group against GSPO + IBPO with a group 4x smaller.
+"""Compute-matched comparison of arms: by default GSPO with a large group against GSPO + IBPO
+with a group 4x smaller.
 
     python scripts/compare.py --base configs/smollm2_135m_cpu.yaml --seeds 0 1 2 \
         --budget-flops 6e13 --out results/compare_smollm2
+
+Arms (``ibpo_lit/experiments/arms.py``, ``ARM_FAMILIES``), all at ``--small-group`` but the first:
+- baselines: ``gspo_large_group`` (4x group), ``ibpo_plain``, ``ibpo_ratio``, ``ibpo_mask``;
+- ablations (IBPO Table 3): ``k1`` (no counterfactual partner), ``shaping_only``;
+- lambda sweep (Table 4): ``lambda_0.2`` ... ``lambda_1.0``; alpha sweep (Table 5):
+  ``alpha_0.5``, ``alpha_0.6``, ``alpha_0.7``, ``alpha_adaptive``;
+- CIW: ``dapo``, ``dapo_ciw``, ``gspo``, ``gspo_ciw``, ``ibpo_mask_ciw``, ``gspo_ciw_inverted``.
+Run an arm with its gradient-variance baseline (``gspo_large_group`` for IBPO arms, ``gspo`` or
+``dapo`` for CIW ones; ``experiments/tables.py``) in the same comparison, so the ratio pairs seeds
+at one budget. ``scripts/report.py`` gathers finished comparisons into the papers' tables.
 
 Every arm runs each seed until the same compute budget (estimated FLOPs, generation and
 corrections included, or measured device-seconds); all arms see the same problems. A
@@ -25,12 +36,14 @@ import yaml
 from ibpo_lit.experiments.arms import ARMS, ArmSettings, build_arm_config
 from ibpo_lit.experiments.report import gradient_variance_ratio, markdown_table, plot
 from ibpo_lit.experiments.runs import read_scalars, summarize_run
+from ibpo_lit.experiments.tables import GRAD_VAR_BASELINES
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", default="configs/smollm2_135m_cpu.yaml", help="config every arm starts from")
-    p.add_argument("--arms", nargs="+", default=["gspo_large_group", "ibpo_plain"], choices=sorted(ARMS))
+    p.add_argument("--arms", nargs="+", default=["gspo_large_group", "ibpo_plain"], choices=sorted(ARMS), metavar="ARM",
+                   help="arms to run, from: " + ", ".join(ARMS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--small-group", type=int, default=8, help="G of the IBPO arms (GSPO gets 4x)")
     p.add_argument("--budget-flops", type=float, default=None, help="estimated FLOPs per run")
@@ -110,11 +123,10 @@ def main(argv=None) -> None:
     lines = [table, ""]
     arms = sorted({s["arm"] for s in summaries})
     for arm in arms:
-        if arm == "gspo_large_group":
-            continue
-        ratio = gradient_variance_ratio(summaries, arm, "gspo_large_group")
+        baseline = GRAD_VAR_BASELINES.get(arm)
+        ratio = gradient_variance_ratio(summaries, arm, baseline) if baseline else None
         if ratio:
-            lines.append(f"- gradient-variance trace, {arm} / gspo_large_group (paired by seed): "
+            lines.append(f"- gradient-variance trace, {arm} / {baseline} (paired by seed): "
                          f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]")
     report = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "compare.md"), "w") as f:

@@ -3,6 +3,16 @@
 An arm is a named function from a base config (the dict of a ``configs/*.yaml``) to a new
 config dict; ``build_arm_config`` adds what every arm of a compute-matched run shares: a
 compute budget, gradient-variance logging, held-out validation and no per-step checkpoints.
+
+Families (``ARM_FAMILIES``), after the IBPO and CIW papers' tables:
+- baselines: GSPO with a 4x group against GSPO + IBPO (plain, ratio, mask) at the small group;
+- ablations (IBPO's Table 3): ``k1`` (no counterfactual partner: the policy revises its wrong
+  answer alone) and ``shaping_only`` (corrections shape rewards but are not trained);
+- ``lambda_*`` (Table 4) and ``alpha_*`` (Table 5): IBPO plain with one setting changed;
+- CIW (METHOD section 8): DAPO and GSPO with and without CIW, IBPO-mask + CIW, inverted weights.
+Every arm but ``gspo_large_group`` runs at the small group. ``lambda_0.6`` and ``alpha_0.6``
+set the paper's values explicitly, so they equal ``ibpo_plain`` on a base that already has
+them (the shipped configs do); they exist so that a sweep is one ``--arms`` list.
 """
 from __future__ import annotations
 
@@ -68,6 +78,30 @@ def _ibpo(variant: str) -> Callable[[dict, ArmSettings], dict]:
     return arm
 
 
+def _correction_args(cfg: dict) -> dict:
+    """The ``init_args`` of the arm's CorrectionRollouts (added if the base has none)."""
+    _with_corrections(cfg)
+    callback = next(cb for cb in _callbacks(cfg) if cb.get("class_path") == CORRECTION)
+    return callback.setdefault("init_args", {})
+
+
+def _ibpo_plain_with(
+    *, correction: dict | None = None, algorithm: dict | None = None, doc: str
+) -> Callable[[dict, ArmSettings], dict]:
+    """IBPO plain at the small group with some CorrectionRollouts init args and
+    ``model.algorithm`` fields changed."""
+
+    def arm(cfg: dict, s: ArmSettings) -> dict:
+        cfg = _ibpo("plain")(cfg, s)
+        _correction_args(cfg).update(correction or {})
+        for key, value in (algorithm or {}).items():
+            _set(cfg, f"model.algorithm.{key}", value)
+        return cfg
+
+    arm.__doc__ = doc
+    return arm
+
+
 def _dapo(cfg: dict) -> dict:
     """GRPO's token-level ratio with DAPO's token-mean aggregation and clip-higher."""
     _set(cfg, "model.algorithm.loss", "grpo")
@@ -99,18 +133,46 @@ def _ciw_arm(base: str, mode: str | None) -> Callable[[dict, ArmSettings], dict]
     return arm
 
 
-ARMS: dict[str, Callable[[dict, ArmSettings], dict]] = {
-    "gspo_large_group": gspo_large,
-    "ibpo_plain": _ibpo("plain"),
-    "ibpo_ratio": _ibpo("ratio"),
-    "ibpo_mask": _ibpo("mask"),
+LAMBDAS = (0.2, 0.4, 0.6, 0.8, 1.0)  # lambda * beta = 0.5 * lambda stays < 1 (METHOD section 5)
+ALPHAS = (0.5, 0.6, 0.7, "adaptive")
+
+ARM_FAMILIES: dict[str, dict[str, Callable[[dict, ArmSettings], dict]]] = {
+    "baselines": {
+        "gspo_large_group": gspo_large,
+        "ibpo_plain": _ibpo("plain"),
+        "ibpo_ratio": _ibpo("ratio"),
+        "ibpo_mask": _ibpo("mask"),
+    },
+    "ablations": {
+        "k1": _ibpo_plain_with(
+            correction={"reference": "none"},
+            doc="IBPO plain, k = 1: each wrong rollout is revised alone, with no reference.",
+        ),
+        "shaping_only": _ibpo_plain_with(
+            correction={"train_on_corrections": False},
+            doc="IBPO plain whose corrections shape rewards but are not trained.",
+        ),
+    },
+    "lambda": {
+        f"lambda_{lam}": _ibpo_plain_with(algorithm={"ibpo_lambda": lam}, doc=f"IBPO plain with lambda = {lam}.")
+        for lam in LAMBDAS
+    },
+    "alpha": {
+        f"alpha_{alpha}": _ibpo_plain_with(correction={"alpha": alpha}, doc=f"IBPO plain with alpha = {alpha}.")
+        for alpha in ALPHAS
+    },
     # CIW's arms (issue: DAPO vs DAPO+CIW, GSPO vs GSPO+CIW, IBPO-mask+CIW; inverted ablation)
-    "dapo": _ciw_arm("dapo", None),
-    "dapo_ciw": _ciw_arm("dapo", "ciw"),
-    "gspo": _ciw_arm("gspo", None),
-    "gspo_ciw": _ciw_arm("gspo", "ciw"),
-    "ibpo_mask_ciw": _ciw_arm("ibpo_mask", "ciw"),
-    "gspo_ciw_inverted": _ciw_arm("gspo", "inverted"),
+    "ciw": {
+        "dapo": _ciw_arm("dapo", None),
+        "dapo_ciw": _ciw_arm("dapo", "ciw"),
+        "gspo": _ciw_arm("gspo", None),
+        "gspo_ciw": _ciw_arm("gspo", "ciw"),
+        "ibpo_mask_ciw": _ciw_arm("ibpo_mask", "ciw"),
+        "gspo_ciw_inverted": _ciw_arm("gspo", "inverted"),
+    },
+}
+ARMS: dict[str, Callable[[dict, ArmSettings], dict]] = {
+    name: arm for family in ARM_FAMILIES.values() for name, arm in family.items()
 }
 
 

@@ -2,10 +2,10 @@
 95% bootstrap CIs across seeds, and the series against compute."""
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 
 from ibpo_lit.evaluation.bootstrap import bootstrap_ci
+from ibpo_lit.experiments.cells import ci_cell, paired_ratios
 from ibpo_lit.experiments.runs import at_compute
 
 TABLE_COLUMNS = [
@@ -30,16 +30,6 @@ def by_arm(summaries: list[dict]) -> dict[str, list[dict]]:
     return dict(arms)
 
 
-def _cell(values: list[float], fmt: str, scale: float = 1.0) -> str:
-    values = [v * scale for v in values if v is not None and not math.isnan(v)]
-    if not values:
-        return "-"
-    mean, low, high = bootstrap_ci(values)
-    if len(values) == 1:
-        return fmt.format(mean)
-    return f"{fmt.format(mean)} [{fmt.format(low)}, {fmt.format(high)}]"
-
-
 def markdown_table(summaries: list[dict]) -> str:
     """One row per arm: mean [95% bootstrap CI] over its seeds for each column."""
     header = "| arm | seeds | " + " | ".join(title for _, title, _ in TABLE_COLUMNS) + " |"
@@ -48,7 +38,7 @@ def markdown_table(summaries: list[dict]) -> str:
         cells = []
         for key, _, fmt in TABLE_COLUMNS:
             scale = 1e-12 if key == "flops" else 1.0
-            cells.append(_cell([r.get(key) for r in runs], fmt, scale))
+            cells.append(ci_cell([r.get(key) for r in runs], fmt, scale))
         lines.append(f"| {arm} | {len(runs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -58,8 +48,7 @@ def gradient_variance_ratio(summaries: list[dict], arm: str, baseline: str) -> t
     arms = by_arm(summaries)
     if arm not in arms or baseline not in arms:
         return None
-    base = {r["seed"]: r["grad_var_trace"] for r in arms[baseline] if r.get("grad_var_trace")}
-    ratios = [r["grad_var_trace"] / base[r["seed"]] for r in arms[arm] if r.get("grad_var_trace") and r["seed"] in base]
+    ratios = paired_ratios(arms[arm], arms[baseline], "grad_var_trace")
     return bootstrap_ci(ratios) if ratios else None
 
 

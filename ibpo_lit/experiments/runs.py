@@ -7,6 +7,7 @@ rebuilt without rerunning anything.
 from __future__ import annotations
 
 import glob
+import json
 import math
 import os
 from typing import Iterable
@@ -110,3 +111,16 @@ def summarize_run(log_dir: str, arm: str, seed: int, baseline_val: float | None 
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def read_comparison(path: str) -> list[dict]:
+    """The run summaries of one comparison (its ``summary.json``, or the folder holding it),
+    each tagged with ``comparison``: that folder. Raises ``ValueError`` for a JSON that is not
+    a list of run summaries (other scripts write ``summary.json`` files too)."""
+    file = os.path.join(path, "summary.json") if os.path.isdir(path) else path
+    with open(file) as f:
+        runs = json.load(f)
+    if not isinstance(runs, list) or not all(isinstance(r, dict) and "arm" in r and "seed" in r for r in runs):
+        raise ValueError(f"{file} is not a comparison summary (a list of runs from scripts/compare.py)")
+    folder = os.path.normpath(os.path.dirname(file) or ".")
+    return [{**run, "comparison": folder} for run in runs]

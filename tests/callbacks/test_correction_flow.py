@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import yaml
 from lightning.pytorch.callbacks import Callback
 
 from callbacks.correction import CorrectionRollouts
@@ -30,12 +31,12 @@ class Spy(Callback):
         self.steps.append(step)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("flow")
+def fit_with_spy(root, config=TINY, steps=STEPS):
+    """Fit the tiny model for ``steps`` steps; returns the CLI, the correction callback, every
+    step the spy saw and the metrics the module logged at each."""
     sys.argv = sys.argv[:1]
     cli = main(
-        ["--config", TINY, "--trainer.max_steps", str(STEPS), "--trainer.default_root_dir", str(root),
+        ["--config", str(config), "--trainer.max_steps", str(steps), "--trainer.default_root_dir", str(root),
          "--trainer.enable_progress_bar", "false"],
         run=False,
     )
@@ -55,6 +56,11 @@ def run(tmp_path_factory):
         IBPOModule._log_metrics = original
     callback = next(cb for cb in cli.trainer.callbacks if isinstance(cb, CorrectionRollouts))
     return cli, callback, spy.steps, logged
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return fit_with_spy(tmp_path_factory.mktemp("flow"))
 
 
 def test_corrections_match_an_independent_recomputation(run):
@@ -100,6 +106,40 @@ def test_module_shapes_successful_local_corrections(run):
         if n_success:
             assert metrics["train/rewrite_rate"] == pytest.approx(int((c.rewrite & (c.rewards == 1)).sum()) / n_success)
     assert shaped_steps > 0, f"no shaped rollout in {STEPS} steps: the test exercised nothing"
+
+
+def test_k1_corrects_every_wrong_rollout_alone_and_filters_on_distance_only(tmp_path, one_intra_op_thread):
+    """``reference: none`` through a YAML config: each wrong row gets one self-revision, its
+    prompt shows no second candidate, and the rewrite flag is ``d(y_i, y^) > alpha``."""
+    cfg = yaml.safe_load(open(TINY))
+    (correction,) = [cb for cb in cfg["trainer"]["callbacks"] if cb["class_path"] == "callbacks.CorrectionRollouts"]
+    correction["init_args"]["reference"] = "none"
+    path = tmp_path / "k1.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cli, callback, steps, logged = fit_with_spy(tmp_path / "run", config=path, steps=4)
+    assert callback.reference == "none" and len(steps) == 4
+    lam, beta = cli.model.algorithm.ibpo_lambda, cli.model.algorithm.ibpo_beta
+    corrected_any = False
+    for step, metrics in zip(steps, logged):
+        c = step.corrections
+        rewards = step.rewards.tolist()
+        wrong = [i for i, r in enumerate(rewards) if r == 0]
+        assert [i for i in range(len(rewards)) if not math.isnan(c.distance[i])] == wrong
+        if not wrong:
+            continue
+        corrected_any = True
+        assert len(c.train_batch) == len(wrong)  # one correction per wrong row, none for the others
+        responses = step.rollouts.response_lists()
+        corrected = c.train_batch.response_lists()
+        prompt = cli.model.tokenizer.decode(c.train_batch.prompt_lists()[0], skip_special_tokens=True)
+        assert "Candidate solution:" in prompt and "Candidate solution 2" not in prompt
+        for m, i in enumerate(wrong):
+            d = normalized_edit_distance(responses[i], corrected[m])
+            assert c.distance[i].item() == pytest.approx(d)
+            assert bool(c.rewrite[i]) == (c.rewards[i].item() == 1 and d > 0.6)
+        bonus = (step.rewards == 0) & (c.rewards == 1) & ~c.rewrite
+        assert metrics["train/shaped_reward"] == pytest.approx((step.rewards + lam * beta * bonus.float()).mean().item())
+    assert corrected_any, "no wrong rollout in 4 steps: the test exercised nothing"
 
 
 def test_removing_the_callback_turns_corrections_off(tmp_path):

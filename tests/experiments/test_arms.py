@@ -46,7 +46,7 @@ def test_every_arm_shares_budget_seed_validation_and_constant_lr():
 def test_budget_and_arm_name_are_checked():
     with pytest.raises(ValueError, match="budget"):
         build_arm_config(BASE, "ibpo_plain", 0, ArmSettings(), "/tmp/x")
-    with pytest.raises(ValueError, match="valid: dapo, dapo_ciw, gspo, gspo_ciw, .*ibpo_plain, ibpo_ratio"):
+    with pytest.raises(ValueError, match="valid: alpha_0.5, .*dapo, dapo_ciw, gspo, gspo_ciw, .*ibpo_plain, ibpo_ratio, k1, lambda_0.2"):
         build_arm_config(BASE, "ibpo_sometimes", 0, SETTINGS, "/tmp/x")
 
 
@@ -80,3 +80,66 @@ def test_ciw_arms(arm, loss, agg, ibpo, ciw, tmp_path):
     sys.argv = sys.argv[:1]
     cli = main(["--config", str(path), "--trainer.default_root_dir", str(tmp_path)], run=False)
     assert (cli.model.algorithm.ciw.mode if cli.model.algorithm.ciw else None) == ciw
+
+
+def correction_args(cfg):
+    (callback,) = [cb for cb in cfg["trainer"]["callbacks"] if cb["class_path"] == "callbacks.CorrectionRollouts"]
+    return callback["init_args"]
+
+
+BASE_CORRECTION = {"alpha": 0.6, "max_new_tokens": 64}  # the smollm2 base's own init args
+
+
+@pytest.mark.parametrize(
+    "arm, correction, ibpo_lambda",
+    [
+        ("k1", {**BASE_CORRECTION, "reference": "none"}, 0.6),
+        ("shaping_only", {**BASE_CORRECTION, "train_on_corrections": False}, 0.6),
+        ("lambda_0.2", BASE_CORRECTION, 0.2),
+        ("lambda_0.4", BASE_CORRECTION, 0.4),
+        ("lambda_0.6", BASE_CORRECTION, 0.6),
+        ("lambda_0.8", BASE_CORRECTION, 0.8),
+        ("lambda_1.0", BASE_CORRECTION, 1.0),
+        ("alpha_0.5", {**BASE_CORRECTION, "alpha": 0.5}, 0.6),
+        ("alpha_0.6", BASE_CORRECTION, 0.6),
+        ("alpha_0.7", {**BASE_CORRECTION, "alpha": 0.7}, 0.6),
+        ("alpha_adaptive", {**BASE_CORRECTION, "alpha": "adaptive"}, 0.6),
+    ],
+)
+def test_ablation_and_sweep_arms_change_one_setting_of_ibpo_plain(arm, correction, ibpo_lambda, tmp_path):
+    cfg = build_arm_config(BASE, arm, 0, SETTINGS, "/tmp/x")
+    algo = cfg["model"]["algorithm"]
+    assert algo["ibpo"] == "plain" and algo["ibpo_lambda"] == ibpo_lambda and algo["ibpo_beta"] == 0.5
+    assert cfg["model"]["rollout"]["group_size"] == 8
+    assert correction_args(cfg) == correction
+    assert classes(cfg).count("callbacks.CorrectionRollouts") == 1
+    assert "callbacks.CorrectionMetrics" in classes(cfg)
+    # every key but the arm's own matches ibpo_plain
+    plain = build_arm_config(BASE, "ibpo_plain", 0, SETTINGS, "/tmp/x")
+    correction_args(plain).update(correction)
+    plain["model"]["algorithm"]["ibpo_lambda"] = ibpo_lambda
+    assert cfg == plain
+    # the arm is a valid config: it parses and instantiates (no model loads); lambda * beta < 1 holds
+    path = tmp_path / "arm.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    import sys
+
+    from callbacks.correction import CorrectionRollouts
+    from ibpo_lit.__main__ import main
+
+    sys.argv = sys.argv[:1]
+    cli = main(["--config", str(path), "--trainer.default_root_dir", str(tmp_path)], run=False)
+    assert cli.model.algorithm.ibpo_lambda == ibpo_lambda
+    (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, CorrectionRollouts)]
+    assert (cb.alpha, cb.reference, cb.train_on_corrections) == (
+        correction["alpha"], correction.get("reference", "group"), correction.get("train_on_corrections", True))
+
+
+def test_arm_families_partition_the_arms():
+    from ibpo_lit.experiments.arms import ARM_FAMILIES, ARMS
+
+    names = [name for family in ARM_FAMILIES.values() for name in family]
+    assert len(names) == len(set(names)) == len(ARMS)
+    assert list(ARM_FAMILIES["ablations"]) == ["k1", "shaping_only"]
+    assert list(ARM_FAMILIES["lambda"]) == ["lambda_0.2", "lambda_0.4", "lambda_0.6", "lambda_0.8", "lambda_1.0"]
+    assert list(ARM_FAMILIES["alpha"]) == ["alpha_0.5", "alpha_0.6", "alpha_0.7", "alpha_adaptive"]

@@ -1,0 +1,147 @@
+"""The report's tables on hand-made summaries: exact cells, seed pairing, marks and layout."""
+import pytest
+
+from ibpo_lit.evaluation.bootstrap import bootstrap_ci, combine_runs
+from ibpo_lit.experiments.cells import ci_cell, paired_ratios, seeds_label
+from ibpo_lit.experiments.tables import (
+    GRAD_VAR_BASELINES,
+    REPORT_TABLES,
+    as_combined,
+    eval_tables,
+    report_markdown,
+    table_markdown,
+    table_rows,
+)
+
+SPECS = {spec.name: spec for spec in REPORT_TABLES}
+
+
+def run(arm, seed, comparison="results/a", **values):
+    base = {"arm": arm, "seed": seed, "comparison": comparison, "steps": 4, "flops": 2e12,
+            "baseline_val": 0.25, "final_val": 0.5, "final_reward": 0.5, "grad_var_trace": 1.0}
+    return {**base, **values}
+
+
+def cell(values, fmt="{:.3f}"):
+    mean, low, high = bootstrap_ci(values)  # same default seed as the report
+    return f"{fmt.format(mean)} [{fmt.format(low)}, {fmt.format(high)}]"
+
+
+def row(table, label):
+    return next(line for line in table.splitlines() if line.startswith(f"| {label} |"))
+
+
+def test_cells_skip_missing_values_and_pair_only_shared_seeds():
+    assert ci_cell([None, float("nan")], "{:.3f}") == "-"
+    assert ci_cell([0.5, None], "{:.3f}") == "0.500"  # one value: no interval
+    runs = [{"seed": 0, "g": 1.0}, {"seed": 1, "g": 3.0}, {"seed": 2, "g": None}, {"seed": 3, "g": 2.0}]
+    base = [{"seed": 0, "g": 2.0}, {"seed": 1, "g": 4.0}, {"seed": 2, "g": 1.0}, {"seed": 3, "g": 0.0}]
+    # seed 2: no value, seed 3: zero baseline -> dropped; 1/2, 3/4 kept
+    assert paired_ratios(runs, base, "g") == [0.5, 0.75]
+    assert paired_ratios(runs, base[:1], "g") == [0.5]
+    assert seeds_label("k1", 2) == "k1 *(n=2)*" and seeds_label("k1", 3) == "k1"
+
+
+def test_ablation_rows_hold_mean_and_bootstrap_ci_over_seeds():
+    summaries = [
+        run("gspo_large_group", 0, grad_var_trace=2.0), run("gspo_large_group", 1, grad_var_trace=4.0),
+        run("gspo_large_group", 2, grad_var_trace=5.0),
+        run("ibpo_plain", 0, final_val=0.2, grad_var_trace=1.0), run("ibpo_plain", 1, final_val=0.4, grad_var_trace=3.0),
+        run("ibpo_plain", 2, final_val=0.6, grad_var_trace=5.0),
+        run("k1", 0, final_val=0.3, correction_success_last=0.5), run("k1", 1, final_val=0.5, correction_success_last=0.25),
+    ]
+    rows = {r["label"]: r for r in table_rows(SPECS["ablations"], summaries)}
+    titles = [c.title for c in SPECS["ablations"].columns]
+    plain = dict(zip(titles, rows["ibpo_plain"]["cells"]))
+    # final val 0.2, 0.4, 0.6: mean (0.2 + 0.4 + 0.6) / 3 = 0.400
+    assert plain["val acc, end"] == cell([0.2, 0.4, 0.6]) and plain["val acc, end"].startswith("0.400 [")
+    # gain = final - 0.25 per seed: -0.05, 0.15, 0.35 -> mean +0.150
+    assert plain["val gain vs step 0"] == cell([-0.05, 0.15, 0.35], "{:+.3f}")
+    assert plain["val gain vs step 0"].startswith("+0.150 [")
+    # grad var paired by seed: 1/2, 3/4, 5/5 -> mean 0.75
+    assert plain["grad var / baseline"] == cell([0.5, 0.75, 1.0], "{:.2f}") and plain["grad var / baseline"].startswith("0.75 [")
+    assert plain["TFLOP"] == "2.0 [2.0, 2.0]"  # 2e12 FLOPs in every seed, shown in TFLOP
+    assert plain["corr. success, last 3"] == "-"  # never logged
+    k1 = dict(zip(titles, rows["k1"]["cells"]))
+    assert rows["k1"]["n"] == 2 and k1["corr. success, last 3"] == cell([0.5, 0.25])
+    # k1 keeps run()'s trace 1.0 at seeds 0 and 1: 1/2, 1/4
+    assert k1["grad var / baseline"] == cell([0.5, 0.25], "{:.2f}")
+    assert rows["shaping_only"]["n"] == 0 and rows["shaping_only"]["cells"] == [""] * len(titles)
+
+
+def test_markdown_marks_few_seeds_and_lists_arms_not_run():
+    summaries = [run("ibpo_plain", s) for s in range(3)] + [run("k1", 0), run("k1", 1)]
+    table = table_markdown(SPECS["ablations"], summaries, image="ablations.png")
+    assert table.startswith("### Ablations (IBPO Table 3)")
+    assert row(table, "ibpo_plain").startswith("| ibpo_plain | 3 | 0.500 [0.500, 0.500] | +0.250 [+0.250, +0.250] |")
+    assert row(table, "k1 *(n=2)*").startswith("| k1 *(n=2)* | 2 |")
+    assert row(table, "shaping_only") == "| shaping_only | not run |" + "  |" * len(SPECS["ablations"].columns)
+    assert "*(n=k)*: fewer than 3 seeds" in table
+    assert "k1 / gspo_large_group" in table  # the note names each pairing
+    assert row(table, "ibpo_plain").split(" | ")[-3] == "-"  # no gspo_large_group run: no ratio
+    assert table.endswith("![Ablations (IBPO Table 3): the counterfactual partner and joint training](ablations.png)")
+    assert "| comparison |" not in table  # one comparison: no column for it
+
+
+def test_a_table_without_runs_is_one_line_with_the_command_to_run():
+    table = table_markdown(SPECS["lambda"], [run("ibpo_plain", 0)])
+    assert table.splitlines()[-1] == (
+        "*Not run yet:* `python scripts/compare.py --arms gspo_large_group lambda_0.2 lambda_0.4 lambda_0.6 "
+        "lambda_0.8 lambda_1.0 --budget-flops ... --out results/compare_lambda`"
+    )
+
+
+def test_an_arm_of_two_comparisons_gets_a_row_per_comparison_never_pooled():
+    summaries = [run("ibpo_plain", 0, "results/a", final_val=0.2), run("ibpo_plain", 0, "results/b", final_val=0.8),
+                 run("gspo_large_group", 0, "results/a", grad_var_trace=4.0)]
+    rows = table_rows(SPECS["baselines"], summaries)
+    plain = [r for r in rows if r["label"] == "ibpo_plain"]
+    assert [(r["comparison"], r["cells"][0]) for r in plain] == [("results/a", "0.200"), ("results/b", "0.800")]
+    # the ratio pairs within a comparison only: results/b has no gspo_large_group
+    ratio_col = [c.title for c in SPECS["baselines"].columns].index("grad var / baseline")
+    assert [r["cells"][ratio_col] for r in plain] == ["0.25", "-"]
+    assert next(r for r in rows if r["label"] == "gspo_large_group")["cells"][ratio_col] == "baseline"
+    table = table_markdown(SPECS["baselines"], summaries)
+    assert "| arm | comparison | seeds |" in table and "| ibpo_plain *(n=1)* | results/b | 1 | 0.800 |" in table
+
+
+def test_ciw_arms_pair_with_their_optimizer_without_ciw():
+    assert GRAD_VAR_BASELINES["gspo_ciw"] == "gspo" and GRAD_VAR_BASELINES["dapo_ciw"] == "dapo"
+    assert GRAD_VAR_BASELINES["k1"] == GRAD_VAR_BASELINES["lambda_0.2"] == "gspo_large_group"
+    summaries = [run("gspo", 0, grad_var_trace=2.0), run("gspo_ciw", 0, grad_var_trace=1.0),
+                 run("dapo", 0, grad_var_trace=8.0), run("dapo_ciw", 0, grad_var_trace=2.0)]
+    rows = {r["label"]: r for r in table_rows(SPECS["ciw"], summaries)}
+    ratio_col = [c.title for c in SPECS["ciw"].columns].index("grad var / baseline")
+    assert rows["gspo_ciw"]["cells"][ratio_col] == "0.50" and rows["dapo_ciw"]["cells"][ratio_col] == "0.25"
+    assert rows["gspo"]["cells"][ratio_col] == "baseline"
+
+
+def evaluation(benchmark, seed, avg, k=4):
+    return {"benchmark": benchmark, "model": "m", "ckpt": None, "k": k, "n_problems": 10, "seed": seed,
+            "avg@k": avg, "pass@1": avg, "pass@k": min(1.0, 2 * avg)}
+
+
+def test_eval_tables_put_methods_in_rows_and_benchmarks_in_columns():
+    gspo_aime = combine_runs([evaluation("aime25", s, v) for s, v in enumerate([0.1, 0.2, 0.3])])
+    ibpo_aime = combine_runs([evaluation("aime25", s, v) for s, v in enumerate([0.3, 0.5])])
+    ibpo_gsm = as_combined(evaluation("gsm8k", 0, 0.7, k=2))  # a single run, combined alone
+    text = eval_tables([("GSPO", gspo_aime), ("IBPO", ibpo_aime), ("IBPO", ibpo_gsm)], ["avg@k", "pass@k"])
+    assert "### Evaluation: avg@k" in text and "### Evaluation: pass@k" in text
+    assert "| method | aime25 avg@4 | gsm8k avg@2 |" in text
+    m = gspo_aime["metrics"]["avg@k"]
+    assert f"| GSPO | {m['mean']:.3f} [{m['low']:.3f}, {m['high']:.3f}] | - |" in text
+    assert m["mean"] == pytest.approx(0.2)  # (0.1 + 0.2 + 0.3) / 3
+    low, high = ibpo_aime["metrics"]["avg@k"]["low"], ibpo_aime["metrics"]["avg@k"]["high"]
+    assert f"| IBPO | 0.400 [{low:.3f}, {high:.3f}] *(n=2)* | 0.700 *(n=1)* |" in text
+    with pytest.raises(ValueError, match="two evaluation results for 'GSPO' on 'aime25'"):
+        eval_tables([("GSPO", gspo_aime), ("GSPO", gspo_aime)])
+    with pytest.raises(ValueError, match="not an evaluation result"):
+        as_combined({"arm": "x"})
+
+
+def test_report_holds_every_table_in_order():
+    text = report_markdown([run("ibpo_plain", 0)], images={"baselines": "fig/baselines.png"})
+    titles = [line for line in text.splitlines() if line.startswith("### ")]
+    assert [t.split(" ")[1] for t in titles] == ["GSPO", "Ablations", "Shaping", "Full-rewrite", "Counterfactual"]
+    assert "![GSPO with a 4x group against GSPO + IBPO, matched compute](fig/baselines.png)" in text
+    assert "Evaluation" not in text
