@@ -87,7 +87,7 @@ KINDS = ("assert", "stdin")
 REWARD_MODES = ("all", "fraction")
 DEFAULT_TIMEOUT_S = 10.0  # per program, load and all tests together
 DEFAULT_MEMORY_MB = 1024
-JUDGE_GRACE_S = 10.0  # the caller's kill of the judge: its own deadline plus start-up and cleanup
+JUDGE_GRACE_S = 10.0  # the caller's kill of the judge: its own deadline plus start-up (<= 5 s) and cleanup
 _LIMITS = {"tmpfs_mb": 64, "file_size_mb": 16, "max_processes": 64, "max_output_bytes": 8 << 20,
            "max_frame": 64 << 20}
 _SANDBOX_DIR = Path(__file__).with_name("sandbox")
@@ -112,7 +112,8 @@ class CodeTests:
         prelude: Trusted source run in the judge before the tests (imports, helpers).
         remote: Names the tests must take from the program even when the judge has them (the
             function under test; HumanEval's entry point, which the prelude defines as a stub).
-        timeout_s: Wall-clock limit for the whole run (None: `DEFAULT_TIMEOUT_S`).
+        timeout_s: Wall-clock limit for the program: loading and all tests, from the moment its
+            sandbox is ready (start-up has its own 5 s limit). None: `DEFAULT_TIMEOUT_S`.
         memory_mb: Memory limit of the program (None: `DEFAULT_MEMORY_MB`).
         stop_at_first_failure: Skip the remaining tests after a failure (they count as failed).
         reward: "all" (1.0 iff every test passes) or "fraction", for `code_reward`.
@@ -237,7 +238,8 @@ def run_tests(
         tests: Python statements, usually MBPP-style ``assert f(x) == y``; with ``kind="stdin"``,
             ``{"input", "output"}`` dicts.
         setup: Source run in the program after it (see `CodeTests`).
-        timeout_s: Wall-clock limit for the whole run, in seconds.
+        timeout_s: Wall-clock limit for the program (loading and all tests), in seconds, from the
+            moment its sandbox is ready.
         extract: Take the code out of a markdown response first.
         isolation: Override the detected isolation (tests use ``Isolation()`` for none).
         **options: Other `CodeTests` fields: ``kind``, ``prefix``, ``prelude``, ``remote``,

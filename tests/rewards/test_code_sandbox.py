@@ -259,6 +259,28 @@ def test_without_os_isolation_the_verdict_is_still_the_judges():
     assert run_tests("def add(a, b):\n    while True: pass\n", ADD_TESTS, isolation=iso, timeout_s=1).status == "timeout"
 
 
+def _slow_start(seconds: float) -> Isolation:
+    """No OS isolation, and a start-up delayed by ``seconds``: the argv prefix that would enter
+    the namespaces sleeps, then runs the sandbox's interpreter (a loaded machine, made exact)."""
+    return Isolation(unshare=("/bin/sh", "-c", f'sleep {seconds}; exec "$@"', "sh"))
+
+
+def test_a_slow_start_is_not_the_programs_time():
+    # Start-up (2 s) longer than the program's limit (1 s): the limit starts when the sandbox is ready.
+    r = run_tests(ADD, ADD_TESTS, isolation=_slow_start(2), timeout_s=1)
+    assert r.status == "pass", r.detail
+    assert r.seconds >= 2  # the delay really happened
+    looping = run_tests("def add(a, b):\n    while True: pass\n", ADD_TESTS, isolation=_slow_start(2), timeout_s=1)
+    assert looping.status == "timeout"  # and the program's own limit still holds
+
+
+def test_a_sandbox_that_never_starts_is_the_judges_failure():
+    from ibpo_lit.rewards.sandbox.judge import START_LIMIT_S
+
+    with pytest.raises(SandboxError, match=f"did not start within {START_LIMIT_S:.0f} s"):
+        run_tests(ADD, ADD_TESTS, isolation=_slow_start(START_LIMIT_S + 1), timeout_s=1)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the full sandbox needs root here")
 def test_detected_isolation_as_root():
     iso = detect_isolation()

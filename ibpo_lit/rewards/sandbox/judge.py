@@ -17,7 +17,8 @@ What is covered:
 - ``stdin`` tests: one fresh sandbox per test, input on fd 0, fd 1 read here (capped) and compared
   with the expected output, LiveCodeBench's way (lines stripped; tokens compared as decimals when
   the text differs). The expected output never reaches the program; the exit status must be 0.
-- One deadline for the whole run (SIGALRM, raising `Deadline` wherever the judge is waiting),
+- One deadline for the program's run (SIGALRM, raising `Deadline` wherever the judge is waiting;
+  it starts when the first sandbox is ready, whose start-up has its own limit, `START_LIMIT_S`),
   per-process rlimits and cgroup membership applied between fork and exec of the sandbox, and a
   parent-death signal at each step, so nothing outlives a killed caller.
 - Outcome per test: "pass", "fail" (an assertion failed or the output differs), "error" (the test
@@ -224,14 +225,24 @@ def run_assert(run):
     return _result(outcomes, None, detail)
 
 
+START_LIMIT_S = 5.0  # the first sandbox's start-up: the judge's time, not the program's
+
+
 def _start(box, first):
-    """Start ``box``; past the deadline that is the judge's failure for the first sandbox only."""
+    """Start ``box``. The first sandbox starts on its own clock, ``START_LIMIT_S``, and the
+    program's ``timeout_s`` begins once it is ready: on a loaded machine an interpreter's
+    start-up alone took more than a 1.5 s limit, which made a good program unscorable. Past
+    ``START_LIMIT_S`` it is the judge's failure (InfraError). Later sandboxes (one per stdin
+    test) start on the program's clock, as the tests before them ran."""
+    if not first:
+        box.start()  # a Deadline here is the program's timeout
+        return
+    signal.setitimer(signal.ITIMER_REAL, START_LIMIT_S)
     try:
         box.start()
     except Deadline:
-        if first:
-            raise InfraError("the sandbox did not start within the time limit") from None
-        raise
+        raise InfraError(f"the sandbox did not start within {START_LIMIT_S:.0f} s") from None
+    signal.setitimer(signal.ITIMER_REAL, box.run.spec["timeout_s"])
 
 
 # ------------------------------------------------------------------ stdin tests
