@@ -180,7 +180,9 @@ def test_disk_filler(pool, isolated):
     marker = f"ibpo-fill-{secrets.token_hex(4)}"
     many = f"i = 0\nwhile True:\n    open(f'/tmp/{marker}-{{i}}', 'wb').write(b'x' * 10 ** 6)\n    i += 1\n"
     _contained(pool, many, {"error", "timeout"})
-    _contained(pool, f"open('/dev/shm/{marker}', 'wb').write(b'x' * 10 ** 9)\n", {"error"})
+    # Building the 1 GB buffer alone can outlast the 1.5 s limit on a loaded machine: a timeout
+    # contains it as well as the write error does; either way nothing may be left behind.
+    _contained(pool, f"open('/dev/shm/{marker}', 'wb').write(b'x' * 10 ** 9)\n", {"error", "timeout"})
     leftovers = [p for d in ("/tmp", "/var/tmp", "/dev/shm") for p in Path(d).glob(f"{marker}*")]
     assert not leftovers
 
