@@ -1,6 +1,5 @@
 """scripts/bench_throughput.py: the report's arithmetic by hand, and the whole script on the tiny
 model (1 warm-up + 1 timed step of 8 new tokens), with TRL present, absent or broken."""
-import importlib.util
 import json
 import math
 import os
@@ -14,12 +13,8 @@ SCRIPT = os.path.join(ROOT, "scripts", "bench_throughput.py")
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_throughput", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_throughput"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+def bench(load_script):
+    return load_script("bench_throughput")
 
 
 def record(step_s, generated, prompt=100, trained=0, cpu_s=None):

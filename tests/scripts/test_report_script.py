@@ -1,25 +1,16 @@
 """scripts/report.py on a temporary results folder: report.md, figures, README block, evals."""
-import importlib.util
 import json
 import os
-import sys
 
 import pytest
 
 from ibpo_lit.evaluation.bootstrap import combine_runs
 from ibpo_lit.experiments.readme_block import END, START
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-SCRIPT = os.path.join(ROOT, "scripts", "report.py")
-
 
 @pytest.fixture(scope="module")
-def report():
-    spec = importlib.util.spec_from_file_location("report_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["report_script"] = module
-    spec.loader.exec_module(module)
-    return module
+def report(load_script):
+    return load_script("report")
 
 
 def summary(arm, seed, final_val, grad_var=1.0):
