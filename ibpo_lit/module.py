@@ -35,7 +35,7 @@ from ibpo_lit.algorithms.shaping import shape_rewards
 from ibpo_lit.ciw_scoring import CIWScorer
 from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
 from ibpo_lit.data.prompt import Prompt
-from ibpo_lit.models.loading import BUILTIN_MODELS, load_policy, resolve_model_path
+from ibpo_lit.models.loading import BUILTIN_MODELS, eos_token_ids, load_policy, resolve_model_path
 from ibpo_lit.policy_logprobs import response_logprobs
 from ibpo_lit.rewards import RewardPool, get_reward
 from ibpo_lit.rng_state import capture_rng_state, restore_rng_state
@@ -150,7 +150,7 @@ class IBPOModule(L.LightningModule):
         if cfg.backend == "hf":
             return HFRolloutEngine(
                 self.policy,
-                eos_token_ids=self._eos_token_ids(),
+                eos_token_ids=eos_token_ids(self.policy, self.tokenizer),
                 pad_token_id=self.tokenizer.pad_token_id,
                 sampling=cfg.sampling,
             )
@@ -167,7 +167,7 @@ class IBPOModule(L.LightningModule):
             path = resolve_model_path(self.model_name)
         return VLLMRolloutEngine(
             path,
-            eos_token_ids=self._eos_token_ids(),
+            eos_token_ids=eos_token_ids(self.policy, self.tokenizer),
             pad_token_id=self.tokenizer.pad_token_id,
             sampling=cfg.sampling,
             config=cfg.vllm,
@@ -183,13 +183,6 @@ class IBPOModule(L.LightningModule):
                 "weights, but no callback syncs them: add callbacks.VLLMWeightSync to trainer.callbacks "
                 "(without it every rollout would come from the initial weights)."
             )
-
-    def _eos_token_ids(self) -> list[int]:
-        ids = {self.tokenizer.eos_token_id}
-        gen_eos = getattr(getattr(self.policy, "generation_config", None), "eos_token_id", None)
-        if gen_eos is not None:
-            ids.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
-        return sorted(i for i in ids if i is not None)
 
     def configure_optimizers(self):
         cfg = self.optim_cfg

@@ -10,21 +10,13 @@ import logging
 from typing import Sequence
 
 from ibpo_lit.data.prompt import Prompt
+from ibpo_lit.models.loading import eos_token_ids
 from ibpo_lit.rollout.engine import SamplingConfig
 from ibpo_lit.seeding import MAIN_ROLLOUTS, rollout_seeds
 
 logger = logging.getLogger(__name__)
 
 Samples = tuple[list[list[str]], list[list[int]], list[list[bool]]]  # texts, lengths, finished per prompt
-
-
-def eos_token_ids(model, tokenizer) -> list[int]:
-    """The tokenizer's EOS plus the generation config's (as ``IBPOModule`` stops rollouts)."""
-    ids = {tokenizer.eos_token_id}
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if gen_eos is not None:
-        ids.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
-    return sorted(i for i in ids if i is not None)
 
 
 def make_engine(model, tokenizer, sampling: SamplingConfig):

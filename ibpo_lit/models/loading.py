@@ -219,3 +219,14 @@ def _ensure_pad_token(tokenizer: PreTrainedTokenizerBase) -> None:
             "the rollout engine needs one to pad and stop responses"
         )
     tokenizer.pad_token = tokenizer.eos_token
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS plus the generation config's (chat
+    models often end turns with a token the tokenizer does not call EOS). Training and
+    evaluation stop rollouts on the same set."""
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if gen_eos is not None:
+        ids.update(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])
+    return sorted(i for i in ids if i is not None)
