@@ -17,7 +17,13 @@ Arms, each in its own process (vLLM's and TRL's state are per process):
   use_vllm=False)``: rollouts from ``model.generate``.
 * ``ibpo-hf``: ibpo-lit's ``fit`` (the LightningCLI users run) with ``rollout.backend: hf``.
 * ``ibpo-vllm``: the same with ``rollout.backend: vllm`` (in-process engine) and
-  ``callbacks.VLLMWeightSync`` syncing after every step (its probe check included).
+  ``callbacks.VLLMWeightSync`` syncing after every step (its probe check after every
+  ``--probe-every``-th sync; default every sync).
+* ``ibpo-vllm-bf16engine`` (fp32 only): an fp32 trainer with a bf16 vLLM engine, as verl and
+  OpenRLHF run rollouts in lower precision than the trainer. The importance ratio still uses
+  the trainer's own recomputed fp32 log-probs, so the loss is the fp32 loss; only the sampling
+  distribution moves (``rollout/logprob_mismatch`` in the records says how far: about 0.03-0.04
+  per token here). In bf16 it would be ``ibpo-vllm`` again, so it is skipped there.
 
 IBPO shaping is off (``algorithm.ibpo: none``, no ``CorrectionRollouts``) so that both
 libraries do GSPO's work. A step's seconds are wall-clock from the end of the previous step to
@@ -64,7 +70,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARMS = ("trl", "ibpo-hf", "ibpo-vllm")
+ARMS = ("trl", "ibpo-hf", "ibpo-vllm", "ibpo-vllm-bf16engine")
 PRECISIONS = ("fp32", "bf16")
 INSTRUCTION = "Give the final answer after ####."
 
@@ -92,6 +98,7 @@ class Settings:
     seed: int = 0
     vllm_max_model_len: int = 512
     omp_wait_policy: str | None = None  # OMP_WAIT_POLICY of every arm; None = the environment's
+    probe_every: int = 1  # VLLMWeightSync.probe_every_n_syncs of the vLLM arms
 
     @property
     def total_steps(self) -> int:
@@ -153,9 +160,13 @@ def ibpo_config(settings: Settings, backend: str, precision: str, root: str) -> 
     callbacks = []
     vllm = {"dtype": "float32" if precision == "fp32" else "bfloat16", "cpu_kvcache_space_gib": 1,
             "max_model_len": settings.vllm_max_model_len}
+    if backend == "vllm-bf16engine":
+        backend, vllm["dtype"] = "vllm", "bfloat16"
     if backend == "vllm":
+        exact = vllm["dtype"] == "float32"  # a bf16 engine differs from the trainer by ~0.03/token
         callbacks.append({"class_path": "callbacks.VLLMWeightSync", "init_args": {
-            "every_n_steps": 1, "probe_tokens": 16, "probe_tolerance": 0.01 if precision == "fp32" else 0.1}})
+            "every_n_steps": 1, "probe_tokens": 16, "probe_tolerance": 0.01 if exact else 0.1,
+            "probe_every_n_syncs": settings.probe_every}})
     return {
         "seed_everything": settings.seed,
         "trainer": {
@@ -340,7 +351,7 @@ def worker(arm: str, precision: str, settings: Settings, result_path: str) -> No
             result = run_trl_arm(settings, precision, workdir)
         else:
             backend = arm.split("-", 1)[1]
-            if backend == "vllm":
+            if backend.startswith("vllm"):
                 from ibpo_lit.rollout.vllm_engine import vllm_available
 
                 if not vllm_available():
@@ -460,6 +471,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--omp-wait-policy", choices=["PASSIVE", "ACTIVE"], default=None,
                    help="OMP_WAIT_POLICY of every arm and of the peak; PASSIVE on a machine shared with other "
                         "jobs (spinning threads that lose their core make small ops 10-25x slower)")
+    p.add_argument("--probe-every", type=int, default=1,
+                   help="the vLLM arms check the weight-sync probe on every N-th sync (first sync always)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per arm")
     p.add_argument("--out", default="results/bench_throughput/summary.json")
     p.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
@@ -470,7 +483,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build_settings(args: argparse.Namespace) -> Settings:
     s = Settings(warmup=args.warmup, steps=args.steps, threads=args.threads, micro_batch_size=args.micro_batch_size,
-                 omp_wait_policy=args.omp_wait_policy)
+                 omp_wait_policy=args.omp_wait_policy, probe_every=args.probe_every)
     if args.smoke:
         s.model, s.max_new_tokens, s.warmup, s.steps, s.ops, s.max_digits = "tiny-llama", 8, 1, 1, ["+"], 1
     if args.model:
@@ -492,6 +505,8 @@ def main(argv=None) -> dict:
     for precision in args.precision:
         by_arm = {}
         for arm in args.arms:
+            if arm == "ibpo-vllm-bf16engine" and precision != "fp32":
+                continue  # a bf16 trainer's engine is bf16 already: that is ibpo-vllm
             print(f"[bench] {precision} {arm} ...", flush=True)
             result = run_worker(arm, precision, settings, args.timeout)
             results.append(result)

@@ -20,7 +20,10 @@ held-out validation set is scored before training (step 0) and every ``--val-eve
 Writes, under ``--out``: ``summary.json`` (one small summary per run, kept so the report can
 be rebuilt with ``--report-only``), ``compare.md`` (means and 95% bootstrap CIs across seeds)
 and ``compare.png``. Runs whose summary exists are not run again, so an interrupted
-comparison resumes where it stopped. Run logs go to ``<out>/runs/`` (not meant for git).
+comparison resumes where it stopped. An arm whose config equals an arm already run at that
+seed (``lambda_0.6`` and ``alpha_0.6`` are ``ibpo_plain`` on the shipped configs) is not
+trained again: its summary is that run's, marked ``same_run_as``. Run logs go to
+``<out>/runs/`` (not meant for git).
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ import time
 
 import yaml
 
-from ibpo_lit.experiments.arms import ARMS, ArmSettings, build_arm_config
+from ibpo_lit.experiments.arms import ARMS, ArmSettings, build_arm_config, same_config_arm
 from ibpo_lit.experiments.report import gradient_variance_ratio, markdown_table, plot
 from ibpo_lit.experiments.runs import read_scalars, summarize_run
 from ibpo_lit.experiments.tables import GRAD_VAR_BASELINES
@@ -101,6 +104,17 @@ def main(argv=None) -> None:
             baseline = baseline_validation(base, seed, settings, args.out)
             for arm in args.arms:
                 if (arm, seed) in done:
+                    continue
+                ran = [s for s in summaries if s["seed"] == seed and not s.get("same_run_as")]
+                twin = same_config_arm(base, arm, seed, settings, [s["arm"] for s in ran])
+                if twin is not None:
+                    # the same run under another name (e.g. lambda_0.6 = ibpo_plain): its result, not a rerun
+                    summary = dict(next(s for s in ran if s["arm"] == twin), arm=arm, same_run_as=twin)
+                    summaries.append(summary)
+                    done.add((arm, seed))
+                    with open(summary_path, "w") as f:
+                        json.dump(summaries, f, indent=1)
+                    print(f"[compare] {arm} seed {seed}: same config as {twin}, its run is reused", flush=True)
                     continue
                 root = os.path.join(args.out, "runs", f"{arm}_s{seed}")
                 os.makedirs(root, exist_ok=True)

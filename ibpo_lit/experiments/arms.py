@@ -221,3 +221,18 @@ def build_arm_config(base: dict, arm: str, seed: int, settings: ArmSettings, roo
     _set(cfg, "data.val_size", settings.val_size)
     _set(cfg, "model.val_samples", settings.val_samples)
     return cfg
+
+
+def same_config_arm(base: dict, arm: str, seed: int, settings: ArmSettings, candidates) -> str | None:
+    """The first of ``candidates`` whose run of ``seed`` is exactly ``arm``'s run (same config
+    once the run folder is set aside), else None.
+
+    Sweeps name the paper's own setting as an arm (``lambda_0.6``, ``alpha_0.6``), which on a
+    base that already has it is ``ibpo_plain`` again: training it twice would spend the budget
+    on a run the comparison already has, so ``compare.py`` records the twin's result instead.
+    """
+    mine = build_arm_config(base, arm, seed, settings, root_dir="")
+    for other in candidates:
+        if other != arm and build_arm_config(base, other, seed, settings, root_dir="") == mine:
+            return other
+    return None

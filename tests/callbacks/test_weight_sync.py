@@ -86,3 +86,21 @@ def test_tiny_vllm_fit_syncs_every_step_and_on_resume(tmp_path, tiny_vllm):
     assert len(mismatch) == 3 and max(mismatch) < 1e-3  # fp32 engine on synced weights
     assert all(v < 0.01 for _, v in scalars["rollout/probe_mismatch"])
     assert all(v > 0 for _, v in scalars["rollout/sync_s"])
+
+
+def test_probe_every_n_syncs_checks_the_first_sync_of_a_fit_then_every_nth(tiny_vllm, monkeypatch):
+    engine, model, tokenizer = tiny_vllm
+    sync = VLLMWeightSync(probe_tokens=4, probe_tolerance=0.01, probe_every_n_syncs=3)
+    probed = []
+    real_check = sync.check_probe
+    monkeypatch.setattr(sync, "check_probe", lambda m: probed.append(sync.syncs) or real_check(m))
+    module = module_like(engine, model, tokenizer)
+    sync.on_fit_start(None, module)  # sync 1 of this fit: probed
+    for _ in range(4):  # syncs 2-5: the 4th sync is probed (every 3rd after the first)
+        sync.sync_engine(None, module)
+    assert probed == [1, 4]
+    assert [sync.last_probed, sync.syncs, sync.fit_syncs] == [False, 5, 5]
+    sync.on_fit_start(None, module)  # a new fit (e.g. a resume) probes its first sync again
+    assert probed == [1, 4, 6] and sync.last_probed and sync.last_probe_mismatch < 1e-4
+    with pytest.raises(ValueError, match="probe_every_n_syncs"):
+        VLLMWeightSync(probe_every_n_syncs=0)

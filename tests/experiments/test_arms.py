@@ -143,3 +143,20 @@ def test_arm_families_partition_the_arms():
     assert list(ARM_FAMILIES["ablations"]) == ["k1", "shaping_only"]
     assert list(ARM_FAMILIES["lambda"]) == ["lambda_0.2", "lambda_0.4", "lambda_0.6", "lambda_0.8", "lambda_1.0"]
     assert list(ARM_FAMILIES["alpha"]) == ["alpha_0.5", "alpha_0.6", "alpha_0.7", "alpha_adaptive"]
+
+
+def test_same_config_arm_finds_the_twin_run_and_nothing_else():
+    from ibpo_lit.experiments.arms import same_config_arm
+
+    ran = ["gspo_large_group", "ibpo_plain", "k1"]
+    # the paper's own setting of a sweep is ibpo_plain on this base
+    assert same_config_arm(BASE, "lambda_0.6", 0, SETTINGS, ran) == "ibpo_plain"
+    assert same_config_arm(BASE, "alpha_0.6", 1, SETTINGS, ran) == "ibpo_plain"
+    # any changed setting is a run of its own
+    for arm in ("lambda_0.2", "lambda_1.0", "alpha_0.5", "alpha_adaptive", "shaping_only"):
+        assert same_config_arm(BASE, arm, 0, SETTINGS, ran) is None
+    # an arm is never its own twin, and a base with another lambda makes lambda_0.6 different
+    assert same_config_arm(BASE, "ibpo_plain", 0, SETTINGS, ["ibpo_plain"]) is None
+    other = {**BASE, "model": {**BASE["model"], "algorithm": {**BASE["model"]["algorithm"], "ibpo_lambda": 0.4}}}
+    assert same_config_arm(other, "lambda_0.6", 0, SETTINGS, ran) is None
+    assert same_config_arm(other, "lambda_0.4", 0, SETTINGS, ran) == "ibpo_plain"

@@ -32,3 +32,11 @@ def test_compare_runs_every_arm_to_the_same_budget_and_reports(tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert again.returncode == 0 and "[compare] ibpo_plain seed 0 ..." not in again.stdout
     assert json.loads((out / "summary.json").read_text()) == summaries
+    # lambda_0.6 is ibpo_plain on this base: its result is that run's, nothing is trained
+    twin = subprocess.run([*cmd, "--arms", "ibpo_plain", "lambda_0.6"], capture_output=True, text=True, cwd=ROOT)
+    assert twin.returncode == 0, twin.stdout[-2000:] + twin.stderr[-2000:]
+    assert "same config as ibpo_plain" in twin.stdout and "[compare] lambda_0.6 seed 0 ..." not in twin.stdout
+    assert not (out / "runs" / "lambda_0.6_s0").exists()
+    (plain,) = [s for s in summaries if s["arm"] == "ibpo_plain"]
+    (lam,) = [s for s in json.loads((out / "summary.json").read_text()) if s["arm"] == "lambda_0.6"]
+    assert lam == dict(plain, arm="lambda_0.6", same_run_as="ibpo_plain")

