@@ -95,9 +95,11 @@ def test_smoke_run_of_the_vllm_backend(tmp_path):
     for row in rows.values():
         assert row["steps"] == 1 and not math.isnan(row["s_per_step"])
     # the bf16 engine samples from a rounded policy: the trainer's fp32 log-probs differ from it
+    # (tiny model: ~1.5e-7 per token with the fp32 engine, ~7e-4 with the bf16 one)
     arms = {a["arm"]: a for a in summary["arms"]}
-    assert max(r["logprob_mismatch"] for r in arms["ibpo-vllm"]["records"]) < 1e-3
-    assert all(r["logprob_mismatch"] > 1e-3 for r in arms["ibpo-vllm-bf16engine"]["records"])
+    exact = max(r["logprob_mismatch"] for r in arms["ibpo-vllm"]["records"])
+    assert exact < 1e-5
+    assert all(r["logprob_mismatch"] > 100 * exact for r in arms["ibpo-vllm-bf16engine"]["records"])
 
 
 def test_bf16_engine_arm_keeps_an_fp32_trainer_and_probe_cadence(bench, tmp_path):
