@@ -18,6 +18,14 @@ What is covered:
   what is parsed. Otherwise math-verify's default extraction over the whole completion applies
   (an answer phrase such as "the final answer is", the last ``\\boxed{}``, the last number).
   A ``####`` line with nothing parseable falls back to the default extraction too.
+- **A computation left undone is not an answer.** math-verify evaluates expressions, so on its
+  own it scores "#### 47 * 83" (or "47 * 83 = ####") as right for the gold 3901: a policy
+  trained on arithmetic learns to restate the question as its answer (found here: SmolLM2 runs
+  on the arithmetic task went to 6-token responses and 100% reward). When the gold is a plain
+  number, an answer that is arithmetic on numbers (``+``, ``-`` between terms, a product of two
+  numbers, a power such as ``10^3``) scores 0.0; a written value still counts: integers,
+  decimals, ``-12``, ``3/4``, ``\\frac{3}{4}``, ``50%``. Golds that are expressions (``2^{10}``,
+  ``\\sqrt{2}``) keep math-verify's equivalence unchanged.
 - The gold is parsed as LaTeX (wrapped in ``$...$``), so "72", "1,080", "\\frac12" and
   "\\sqrt{\\frac{95}{24}}" all parse. A gold that yields no mathematical object (empty, or
   malformed LaTeX such as "\\frac{") is unscorable: None, never a silent 0.
@@ -39,6 +47,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from sympy import Basic, Integer, Mul, Number, Pow, Rational, UnevaluatedExpr
 
 from ibpo_lit.rewards.pool import RewardPool
 
@@ -94,6 +103,42 @@ def parse_completion(completion: str, parsing_timeout: int | None = None) -> lis
     return _parse(completion, _COMPLETION_CONFIG, parsing_timeout)
 
 
+def is_written_value(expr) -> bool:
+    """Whether a parsed answer is a number as written, not arithmetic still to do.
+
+    Values: a number (``Integer``, ``Rational``, ``Float``), ``1/b`` and ``a/b`` written with a
+    slash (``Pow(b, -1)``, ``Mul(a, Pow(b, -1))``), a percentage (math-verify's
+    ``Mul(a, UnevaluatedExpr(1/100))``), each with an optional minus sign. Not values: sums and
+    differences, products of two numbers, powers (``47*83``, ``2+3``, ``7-2``, ``10^3``).
+    math-verify keeps what it parses unevaluated, which is what makes the difference visible.
+    """
+    if isinstance(expr, Number):
+        return True
+    if isinstance(expr, Pow):
+        return isinstance(expr.base, Integer) and expr.exp == -1
+    if isinstance(expr, UnevaluatedExpr):
+        return expr.args[0] == Rational(1, 100)  # the % sign
+    if isinstance(expr, Mul):
+        args = list(expr.args)
+        if args and args[0] == -1:  # a minus sign
+            args = args[1:]
+        numbers = sum(isinstance(a, Number) for a in args)
+        divisors = sum(isinstance(a, Pow) for a in args)
+        return bool(args) and all(is_written_value(a) for a in args) and numbers <= 1 and divisors <= 1
+    return False
+
+
+def _unfinished_arithmetic(answer: list, gold: list) -> bool:
+    """The gold is a number and the answer is arithmetic on numbers, not a number."""
+    value, target = answer[0], next(g for g in gold if not isinstance(g, str))
+    return (
+        isinstance(target, Number)
+        and isinstance(value, Basic)
+        and not getattr(value, "free_symbols", True)
+        and not is_written_value(value)
+    )
+
+
 def math_score_inprocess(completion: str, gold: str) -> float | None:
     """Score a completion against a gold answer, in this process, with no time limit.
 
@@ -113,7 +158,7 @@ def math_score_inprocess(completion: str, gold: str) -> float | None:
             logger.debug("gold does not parse: %r", gold)
             return None
         answer = parse_completion(completion)
-        if not answer:
+        if not answer or _unfinished_arithmetic(answer, gold_parsed):
             return 0.0
         ok = verify(gold_parsed, answer, timeout_seconds=None, raise_on_error=True)
     except Exception:  # math-verify / sympy / latex2sympy errors: unscorable, not wrong

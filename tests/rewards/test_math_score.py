@@ -45,6 +45,26 @@ def test_extract_gsm8k_gold_without_marker():
         # no answer at all is wrong, not unscorable
         ("I do not know.", "42", 0.0),
         ("", "42", 0.0),
+        # restating the question is not answering it (math-verify alone scores these 1.0)
+        ("#### 47 * 83", "3901", 0.0),
+        ("#### 47*83", "3901", 0.0),
+        ("47 * 83 = ####", "3901", 0.0),
+        ("#### 3901 = 47*83", "3901", 0.0),
+        ("#### 2+3", "5", 0.0),
+        ("#### 7-2", "5", 0.0),
+        ("#### 10^3", "1000", 0.0),
+        # ... while the worked computation with its value, and values as written, still count
+        ("#### 47 * 83 = 3901", "3901", 1.0),
+        ("#### -12", "-12", 1.0),
+        ("#### 3/4", "0.75", 1.0),
+        ("#### -1/2", "-0.5", 1.0),
+        ("#### 4/8", "0.5", 1.0),
+        ("#### 2.50", "2.5", 1.0),
+        ("#### 50%", "0.5", 1.0),
+        ("#### x = 5", "5", 1.0),
+        # a gold that is itself an expression keeps math-verify's equivalence
+        ("#### $2^{10}$", "2^{10}", 1.0),
+        ("#### 1024", "2^{10}", 1.0),
     ],
 )
 def test_math_score(completion, gold, expected):
