@@ -1,0 +1,118 @@
+"""``RolloutSamples``: keep what the policy actually wrote, every few steps.
+
+Scalars cannot show *how* a reward was earned. On SmolLM2 they hid a reward hack: reward and
+validation accuracy went to 1.0 while responses shrank to 6 tokens, because the verifier
+accepted the question restated as its answer (README, "Found here: a reward
+hack"). Reading a handful of rollouts would have shown it at once, which is why TRL and verl
+print completions too.
+
+What it writes, at every ``every_n_steps``-th rollout step (the first step included):
+    * ``<trainer.log_dir>/samples.jsonl`` (or ``path``): one JSON object per kept rollout with
+      ``step``, ``uid``, ``problem``, ``gold``, ``response``, ``reward`` (the verifier's; null =
+      unscorable), ``shaped_reward`` (after IBPO's shaping) and, when the step had corrections,
+      ``correction_reward``. Appended, so a resumed run continues the same file.
+    * the same rollouts as a markdown table in TensorBoard's Text tab (tag ``samples``), when
+      the trainer logs to TensorBoard.
+
+Which rollouts: the first ``per_group`` responses of each of the step's first ``num_prompts``
+prompts, so both right and wrong answers to one problem sit side by side.
+
+Not covered: correction texts (the correction callback does not keep them decoded) and
+validation samples.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+from ibpo_lit.step import ScoredRollouts
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def sample_records(step: ScoredRollouts, num_prompts: int, per_group: int) -> list[dict[str, Any]]:
+    """The kept rollouts of ``step`` as plain dicts (see the module docstring)."""
+    group = step.rollouts.group_index.tolist()
+    corrections = step.corrections
+    out: list[dict[str, Any]] = []
+    taken: dict[int, int] = {}
+    for row, g in enumerate(group):
+        if g >= num_prompts or taken.get(g, 0) >= per_group:
+            continue
+        taken[g] = taken.get(g, 0) + 1
+        prompt = step.prompts[g]
+        record = {
+            "step": step.step,
+            "uid": prompt.uid,
+            "problem": prompt.problem,
+            "gold": prompt.gold,
+            "response": step.texts[row],
+            "reward": _finite_or_none(float(step.rewards[row])),
+            "shaped_reward": _finite_or_none(float(step.shaped_rewards[row])) if step.shaped_rewards is not None else None,
+        }
+        if corrections is not None:
+            record["correction_reward"] = _finite_or_none(float(corrections.rewards[row]))
+        out.append(record)
+    return out
+
+
+def markdown_table(records: list[dict[str, Any]]) -> str:
+    """Records as a markdown table (TensorBoard renders it in the Text tab)."""
+
+    def cell(value: Any) -> str:
+        text = "" if value is None else str(value)
+        return text.replace("|", "\\|").replace("\n", "<br>")
+
+    keys = ["uid", "gold", "reward", "shaped_reward", "response"]
+    lines = ["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
+    lines += ["| " + " | ".join(cell(r.get(k)) for k in keys) + " |" for r in records]
+    return "\n".join(lines)
+
+
+class RolloutSamples(Callback):
+    """Write a few rollouts (problem, response, rewards) every ``every_n_steps`` steps.
+
+    Args:
+        every_n_steps: Rollout steps between two writes (the first step is always written).
+        num_prompts: Prompts of the step whose responses are kept.
+        per_group: Responses kept per prompt.
+        path: JSON Lines file; None = ``samples.jsonl`` in the trainer's log directory (or
+            its ``default_root_dir`` without a logger).
+    """
+
+    def __init__(self, every_n_steps: int = 10, num_prompts: int = 2, per_group: int = 4, path: str | None = None) -> None:
+        if every_n_steps < 1 or num_prompts < 1 or per_group < 1:
+            raise ValueError(
+                "RolloutSamples needs every_n_steps, num_prompts and per_group >= 1, got "
+                f"{every_n_steps}, {num_prompts}, {per_group}"
+            )
+        self.every_n_steps = every_n_steps
+        self.num_prompts = num_prompts
+        self.per_group = per_group
+        self.path = path
+
+    def file_path(self, trainer) -> str:
+        if self.path is not None:
+            return self.path
+        root = trainer.log_dir or trainer.default_root_dir
+        return os.path.join(root, "samples.jsonl")
+
+    def on_before_update(self, trainer, pl_module, step: ScoredRollouts) -> None:
+        if step.step % self.every_n_steps or trainer.global_rank != 0:
+            return
+        records = sample_records(step, self.num_prompts, self.per_group)
+        path = self.file_path(trainer)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "a") as f:
+            for record in records:
+                f.write(json.dumps(record) + "\n")
+        for logger in trainer.loggers:
+            add_text = getattr(getattr(logger, "experiment", None), "add_text", None)
+            if callable(add_text):
+                add_text("samples", markdown_table(records), global_step=trainer.global_step)
