@@ -20,7 +20,8 @@ held-out validation set is scored before training (step 0) and every ``--val-eve
 Writes, under ``--out``: ``summary.json`` (one small summary per run, kept so the report can
 be rebuilt with ``--report-only``), ``compare.md`` (means and 95% bootstrap CIs across seeds)
 and ``compare.png``. Runs whose summary exists are not run again, so an interrupted
-comparison resumes where it stopped. An arm whose config equals an arm already run at that
+comparison resumes where it stopped; two comparisons may share one ``--out`` (disjoint arms,
+e.g. two sweeps at once): summaries are merged under a lock. An arm whose config equals an arm already run at that
 seed (``lambda_0.6`` and ``alpha_0.6`` are ``ibpo_plain`` on the shipped configs) is not
 trained again: its summary is that run's, marked ``same_run_as``. Run logs go to
 ``<out>/runs/`` (not meant for git).
@@ -28,8 +29,8 @@ trained again: its summary is that run's, marked ``same_run_as``. Run logs go to
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -39,6 +40,7 @@ import yaml
 from ibpo_lit.experiments.arms import ARMS, ArmSettings, build_arm_config, same_config_arm
 from ibpo_lit.experiments.report import gradient_variance_ratio, markdown_table, plot
 from ibpo_lit.experiments.runs import read_scalars, summarize_run
+from ibpo_lit.experiments.summary_store import folder_lock, load_summaries, record_summary
 from ibpo_lit.experiments.tables import GRAD_VAR_BASELINES
 
 
@@ -71,22 +73,36 @@ def run(cmd: list[str], log_path: str) -> None:
 
 
 def baseline_validation(base: dict, seed: int, settings: ArmSettings, out: str) -> float:
-    """val/accuracy of the untrained model: the step-0 point every arm shares."""
+    """val/accuracy of the untrained model: the step-0 point every arm shares. Scored once per
+    seed and comparison: a later call with the same config reads the first score back, so arms
+    added to a comparison later start from the same point as the first ones (sampled
+    validation varies by a few points between scorings)."""
     root = os.path.join(out, "runs", f"baseline_s{seed}")
     os.makedirs(root, exist_ok=True)
     cfg = build_arm_config(base, "ibpo_plain", seed, settings, root)
     path = os.path.join(root, "config.yaml")
-    with open(path, "w") as f:
-        yaml.safe_dump(cfg, f, sort_keys=False)
-    run([sys.executable, "-m", "ibpo_lit", "validate", "--config", path], os.path.join(root, "log.txt"))
-    return read_scalars(root, ["val/accuracy"])["val/accuracy"][-1][1]
+    with folder_lock(root):
+        if os.path.exists(path):
+            with open(path) as f:
+                same = yaml.safe_load(f) == cfg
+            try:
+                scored = read_scalars(root, ["val/accuracy"]).get("val/accuracy") if same else None
+            except FileNotFoundError:
+                scored = None
+            if scored:
+                return scored[-1][1]
+            shutil.rmtree(os.path.join(root, "lightning_logs"), ignore_errors=True)  # another config's score
+        with open(path, "w") as f:
+            yaml.safe_dump(cfg, f, sort_keys=False)
+        run([sys.executable, "-m", "ibpo_lit", "validate", "--config", path], os.path.join(root, "log.txt"))
+        return read_scalars(root, ["val/accuracy"])["val/accuracy"][-1][1]
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     summary_path = os.path.join(args.out, "summary.json")
-    summaries: list[dict] = json.load(open(summary_path)) if os.path.exists(summary_path) else []
+    summaries = load_summaries(summary_path)
 
     if not args.report_only:
         with open(args.base) as f:
@@ -103,6 +119,8 @@ def main(argv=None) -> None:
                 continue
             baseline = baseline_validation(base, seed, settings, args.out)
             for arm in args.arms:
+                summaries = load_summaries(summary_path)  # another process may have added runs
+                done = {(s["arm"], s["seed"]) for s in summaries}
                 if (arm, seed) in done:
                     continue
                 ran = [s for s in summaries if s["seed"] == seed and not s.get("same_run_as")]
@@ -110,10 +128,7 @@ def main(argv=None) -> None:
                 if twin is not None:
                     # the same run under another name (e.g. lambda_0.6 = ibpo_plain): its result, not a rerun
                     summary = dict(next(s for s in ran if s["arm"] == twin), arm=arm, same_run_as=twin)
-                    summaries.append(summary)
-                    done.add((arm, seed))
-                    with open(summary_path, "w") as f:
-                        json.dump(summaries, f, indent=1)
+                    summaries = record_summary(summary_path, summary)
                     print(f"[compare] {arm} seed {seed}: same config as {twin}, its run is reused", flush=True)
                     continue
                 root = os.path.join(args.out, "runs", f"{arm}_s{seed}")
@@ -127,9 +142,7 @@ def main(argv=None) -> None:
                 summary = summarize_run(root, arm, seed, baseline_val=baseline)
                 summary["wall_seconds"] = time.time() - start
                 summary["command"] = " ".join(["python", "scripts/compare.py", *(argv or sys.argv[1:])])
-                summaries.append(summary)
-                with open(summary_path, "w") as f:
-                    json.dump(summaries, f, indent=1)
+                summaries = record_summary(summary_path, summary)
                 print(f"[compare] {arm} seed {seed}: {summary['steps']} steps, final reward "
                       f"{summary['final_reward']}, final val {summary['final_val']}", flush=True)
 

@@ -40,3 +40,6 @@ def test_compare_runs_every_arm_to_the_same_budget_and_reports(tmp_path):
     (plain,) = [s for s in summaries if s["arm"] == "ibpo_plain"]
     (lam,) = [s for s in json.loads((out / "summary.json").read_text()) if s["arm"] == "lambda_0.6"]
     assert lam == dict(plain, arm="lambda_0.6", same_run_as="ibpo_plain")
+    # the call that added an arm read the untrained model's score back instead of re-scoring it
+    assert [p.name for p in (out / "runs" / "baseline_s0" / "lightning_logs").iterdir()] == ["version_0"]
+    assert all(s["baseline_val"] == summaries[0]["baseline_val"] for s in json.loads((out / "summary.json").read_text()))
