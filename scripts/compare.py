@@ -21,9 +21,9 @@ Writes, under ``--out``: ``summary.json`` (one small summary per run, kept so th
 be rebuilt with ``--report-only``), ``compare.md`` (means and 95% bootstrap CIs across seeds)
 and ``compare.png``. Runs whose summary exists are not run again, so an interrupted
 comparison resumes where it stopped; two comparisons may share one ``--out`` (disjoint arms,
-e.g. two sweeps at once): summaries are merged under a lock. An arm whose config equals an arm already run at that
-seed (``lambda_0.6`` and ``alpha_0.6`` are ``ibpo_plain`` on the shipped configs) is not
-trained again: its summary is that run's, marked ``same_run_as``. Run logs go to
+e.g. two sweeps at once): summaries are merged under a lock. An arm whose config equals an
+arm already run at that seed (``lambda_0.6`` and ``alpha_0.6`` are ``ibpo_plain`` on the
+shipped configs) is not trained again: its summary is that run's, marked ``same_run_as``. Run logs go to
 ``<out>/runs/`` (not meant for git).
 """
 from __future__ import annotations
@@ -74,9 +74,8 @@ def run(cmd: list[str], log_path: str) -> None:
 
 def baseline_validation(base: dict, seed: int, settings: ArmSettings, out: str) -> float:
     """val/accuracy of the untrained model: the step-0 point every arm shares. Scored once per
-    seed and comparison: a later call with the same config reads the first score back, so arms
-    added to a comparison later start from the same point as the first ones (sampled
-    validation varies by a few points between scorings)."""
+    seed and comparison: a later call with the same config reads the first score back instead
+    of spending a validation pass, and arms added later share the first arms' step-0 point."""
     root = os.path.join(out, "runs", f"baseline_s{seed}")
     os.makedirs(root, exist_ok=True)
     cfg = build_arm_config(base, "ibpo_plain", seed, settings, root)
