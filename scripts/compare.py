@@ -40,7 +40,8 @@ import yaml
 from ibpo_lit.experiments.arms import ARMS, ArmSettings, build_arm_config, same_config_arm
 from ibpo_lit.experiments.report import gradient_variance_ratio, markdown_table, plot
 from ibpo_lit.experiments.runs import read_scalars, summarize_run
-from ibpo_lit.experiments.summary_store import folder_lock, load_summaries, record_summary
+from ibpo_lit.experiments.summary_store import load_summaries, record_summary
+from ibpo_lit.file_lock import exclusive_lock
 from ibpo_lit.experiments.tables import GRAD_VAR_BASELINES
 
 
@@ -80,7 +81,7 @@ def baseline_validation(base: dict, seed: int, settings: ArmSettings, out: str) 
     os.makedirs(root, exist_ok=True)
     cfg = build_arm_config(base, "ibpo_plain", seed, settings, root)
     path = os.path.join(root, "config.yaml")
-    with folder_lock(root):
+    with exclusive_lock(root):
         if os.path.exists(path):
             with open(path) as f:
                 same = yaml.safe_load(f) == cfg

@@ -7,22 +7,10 @@ other's runs. The lock is ``flock`` on the folder itself, so no lock file lands 
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
-from typing import Iterator
 
-
-@contextlib.contextmanager
-def folder_lock(folder: str) -> Iterator[None]:
-    """Exclusive advisory lock on ``folder`` (held until the block ends, released on a crash)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
+from ibpo_lit.file_lock import exclusive_lock
 
 
 def load_summaries(path: str) -> list[dict]:
@@ -35,7 +23,7 @@ def load_summaries(path: str) -> list[dict]:
 def record_summary(path: str, summary: dict) -> list[dict]:
     """Add ``summary`` to the file at ``path`` (replacing an earlier one of the same arm and
     seed, in place), re-reading the file under the lock; returns the merged list."""
-    with folder_lock(os.path.dirname(os.path.abspath(path))):
+    with exclusive_lock(os.path.dirname(os.path.abspath(path))):
         summaries = load_summaries(path)
         key = (summary["arm"], summary["seed"])
         at = next((i for i, s in enumerate(summaries) if (s["arm"], s["seed"]) == key), None)

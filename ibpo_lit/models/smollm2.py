@@ -37,8 +37,6 @@ What is not covered:
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -51,7 +49,8 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Iterator
+
+from ibpo_lit.file_lock import exclusive_lock
 
 SMOLLM2_NAME = "smollm2-135m-instruct"
 """The built-in name: ``model.model: smollm2-135m-instruct``."""
@@ -118,7 +117,7 @@ def fetch_smollm2(cache_dir: str | Path | None = None, force: bool = False) -> P
         return target
     _check_packages()
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target.parent / f"{SMOLLM2_NAME}.lock"):
+    with exclusive_lock(target.parent / f"{SMOLLM2_NAME}.lock"):
         # Another process may have finished while this one waited for the lock.
         if not force and is_complete(target):
             return target
@@ -149,21 +148,6 @@ def _check_packages() -> None:
 def _requirements(names: list[str]) -> list[str]:
     pins = {"gguf": "gguf>=0.10", "accelerate": "accelerate>=1.0"}
     return [pins[name] for name in names]
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path`` (created if missing), released on exit."""
-    with open(path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.warning("waiting for another process that holds %s", path)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _remove_stale_temporaries(target: Path) -> None:
