@@ -25,6 +25,11 @@ Arms, each in its own process (vLLM's and TRL's state are per process):
   distribution moves (``rollout/logprob_mismatch`` in the records says how far: about 0.03-0.04
   per token here). In bf16 it would be ``ibpo-vllm`` again, so it is skipped there.
 
+With ``--vllm-compile`` the vLLM arms run the engine compiled (``rollout.vllm.enforce_eager:
+false``; ibpo-lit's CPU default is eager, which starts in seconds): decoding is faster, the
+engine's start takes minutes instead, once per ``fit``. That start, with model loading and the
+first weight sync, is reported apart as ``start s`` and is not in any step's seconds.
+
 IBPO shaping is off (``algorithm.ibpo: none``, no ``CorrectionRollouts``) so that both
 libraries do GSPO's work. A step's seconds are wall-clock from the end of the previous step to
 the end of this one (rollouts, rewards, update, weight sync, logging); the first ``--warmup``
@@ -99,6 +104,7 @@ class Settings:
     vllm_max_model_len: int = 512
     omp_wait_policy: str | None = None  # OMP_WAIT_POLICY of every arm; None = the environment's
     probe_every: int = 1  # VLLMWeightSync.probe_every_n_syncs of the vLLM arms
+    vllm_compile: bool = False  # rollout.vllm.enforce_eager = not this: compiled decode, slower start
 
     @property
     def total_steps(self) -> int:
@@ -159,7 +165,7 @@ def ibpo_config(settings: Settings, backend: str, precision: str, root: str) -> 
     """The ``fit`` config of an ibpo-lit arm (written as YAML, read by the real CLI)."""
     callbacks = []
     vllm = {"dtype": "float32" if precision == "fp32" else "bfloat16", "cpu_kvcache_space_gib": 1,
-            "max_model_len": settings.vllm_max_model_len}
+            "max_model_len": settings.vllm_max_model_len, "enforce_eager": not settings.vllm_compile}
     if backend == "vllm-bf16engine":
         backend, vllm["dtype"] = "vllm", "bfloat16"
     if backend == "vllm":
@@ -417,6 +423,9 @@ def summarize(result: dict, warmup: int, peak: dict) -> dict:
         for r in timed
     )
     n = max(len(timed), 1)
+    # Paid once per fit, outside the steps: model load, engine start (compilation with
+    # --vllm-compile), the first weight sync.
+    start_s = result["wall_s"] - sum(r["step_s"] for r in result["records"]) if "wall_s" in result else math.nan
 
     def mean(key):
         values = [r.get(key, math.nan) for r in timed]
@@ -432,13 +441,13 @@ def summarize(result: dict, warmup: int, peak: dict) -> dict:
         "tok_per_s": generated / seconds if seconds > 0 else math.nan,
         "generated_per_step": generated / n, "response_len": mean("response_len"), "reward": mean("reward"),
         "zero_adv_frac": mean("zero_adv_frac"), "flops_per_step": flops / n, "flops_per_s": flops_per_s,
-        "peak_share": flops_per_s / peak[result["precision"]],
+        "peak_share": flops_per_s / peak[result["precision"]], "start_s": start_s,
     }
 
 
 def markdown(rows: list[dict], peak: dict) -> str:
     head = ("| precision | arm | s/step | speed-up vs TRL | CPU s/step | CPU speed-up | tok/s | tok/s vs TRL | rollout s | rest s | "
-            "tokens/step | resp len | zero adv | GFLOP/step | GFLOP/s | % of matmul peak |")
+            "tokens/step | resp len | zero adv | GFLOP/step | GFLOP/s | % of matmul peak | start s |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in rows:
         lines.append(
@@ -446,7 +455,8 @@ def markdown(rows: list[dict], peak: dict) -> str:
             f"{r['cpu_s_per_step']:.1f} | {_ratio(r.get('cpu_speedup'))} | "
             f"{r['tok_per_s']:.0f} | {_ratio(r.get('tok_ratio'))} | {r['generate_s']:.1f} | {r['update_s']:.1f} | "
             f"{r['generated_per_step']:.0f} | {r['response_len']:.0f} | {r['zero_adv_frac']:.2f} | "
-            f"{r['flops_per_step'] / 1e9:.0f} | {r['flops_per_s'] / 1e9:.1f} | {100 * r['peak_share']:.0f}% |"
+            f"{r['flops_per_step'] / 1e9:.0f} | {r['flops_per_s'] / 1e9:.1f} | {100 * r['peak_share']:.0f}% | "
+            f"{r.get('start_s', math.nan):.0f} |"
         )
     lines.append("")
     lines.append("matmul peak (2048^2, this run): " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in peak.items()))
@@ -473,6 +483,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "jobs (spinning threads that lose their core make small ops 10-25x slower)")
     p.add_argument("--probe-every", type=int, default=1,
                    help="the vLLM arms check the weight-sync probe on every N-th sync (first sync always)")
+    p.add_argument("--vllm-compile", action="store_true",
+                   help="the vLLM arms compile the model (rollout.vllm.enforce_eager: false): faster decode, "
+                        "a slower engine start (reported as start s, paid once per fit)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per arm")
     p.add_argument("--out", default="results/bench_throughput/summary.json")
     p.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
@@ -483,7 +496,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build_settings(args: argparse.Namespace) -> Settings:
     s = Settings(warmup=args.warmup, steps=args.steps, threads=args.threads, micro_batch_size=args.micro_batch_size,
-                 omp_wait_policy=args.omp_wait_policy, probe_every=args.probe_every)
+                 omp_wait_policy=args.omp_wait_policy, probe_every=args.probe_every,
+                 vllm_compile=args.vllm_compile)
     if args.smoke:
         s.model, s.max_new_tokens, s.warmup, s.steps, s.ops, s.max_digits = "tiny-llama", 8, 1, 1, ["+"], 1
     if args.model:

@@ -34,6 +34,10 @@ def test_summary_counts_only_timed_steps_and_uses_the_flops_estimate(bench):
     assert row["flops_per_step"] == pytest.approx(3.2e6)
     assert row["flops_per_s"] == pytest.approx(6.4e6 / 6.0)
     assert row["peak_share"] == pytest.approx(6.4e6 / 6.0 / 1e6)
+    assert math.isnan(row["start_s"])  # no wall_s in the result: unknown
+    # the arm's wall-clock less every step (warm-up included) is its one-off start
+    row = bench.summarize({**result, "wall_s": 150.0}, warmup=1, peak={"fp32": 1e6, "bf16": 2e6})
+    assert row["start_s"] == pytest.approx(150.0 - 106.0)
 
 
 def test_markdown_shows_ratios_and_dashes_without_trl(bench):
@@ -112,3 +116,7 @@ def test_bf16_engine_arm_keeps_an_fp32_trainer_and_probe_cadence(bench, tmp_path
     (sync_exact,), (sync_mixed,) = exact["trainer"]["callbacks"], mixed["trainer"]["callbacks"]
     assert sync_exact["init_args"]["probe_tolerance"] == 0.01 and sync_mixed["init_args"]["probe_tolerance"] == 0.1
     assert sync_mixed["init_args"]["probe_every_n_syncs"] == 4
+    # eager engine unless --vllm-compile
+    assert exact["model"]["rollout"]["vllm"]["enforce_eager"] is True
+    compiled = bench.ibpo_config(bench.build_settings(bench.parse_args(["--vllm-compile"])), "vllm", "fp32", str(tmp_path))
+    assert compiled["model"]["rollout"]["vllm"]["enforce_eager"] is False
