@@ -26,8 +26,9 @@ Arms, each in its own process (vLLM's and TRL's state are per process):
   per token here). In bf16 it would be ``ibpo-vllm`` again, so it is skipped there.
 
 With ``--vllm-compile`` the vLLM arms run the engine compiled (``rollout.vllm.enforce_eager:
-false``; ibpo-lit's CPU default is eager, which starts in seconds): decoding is faster, the
-engine's start takes minutes instead, once per ``fit``. That start, with model loading and the
+false``; ibpo-lit's CPU default is eager, which starts in seconds). Measured here, a bf16
+engine decodes faster compiled and an fp32 engine does not; either way the engine's start
+takes minutes instead of seconds, once per ``fit``. That start, with model loading and the
 first weight sync, is reported apart as ``start s`` and is not in any step's seconds.
 
 IBPO shaping is off (``algorithm.ibpo: none``, no ``CorrectionRollouts``) so that both
@@ -484,8 +485,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--probe-every", type=int, default=1,
                    help="the vLLM arms check the weight-sync probe on every N-th sync (first sync always)")
     p.add_argument("--vllm-compile", action="store_true",
-                   help="the vLLM arms compile the model (rollout.vllm.enforce_eager: false): faster decode, "
-                        "a slower engine start (reported as start s, paid once per fit)")
+                   help="the vLLM arms compile the model (rollout.vllm.enforce_eager: false): faster bf16 decode "
+                        "here, a slower engine start (reported as start s, paid once per fit)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per arm")
     p.add_argument("--out", default="results/bench_throughput/summary.json")
     p.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
