@@ -20,8 +20,9 @@ train on.
 Not covered: time spent outside ``training_step`` (data loading, checkpointing, logging);
 FLOPs are parameter-FLOPs estimates (see ``ibpo_lit/algorithms/diagnostics.py``); the FLOPs
 of ``GradientVarianceLogger``'s extra gradients are not in the module's token counts (their
-seconds are). ``N`` is ``policy.parameters()`` as this process sees them (a sharding strategy
-that exposes local shards undercounts it). Under several processes token counts are summed over ranks and step seconds
+seconds are). ``N`` is the number of elements of ``policy.parameters()``: under FSDP2 each is a DTensor,
+whose ``numel()`` is its global size, so N is the whole model's on every rank (checked in
+tests/scale/test_fsdp2.py). Under several processes token counts are summed over ranks and step seconds
 averaged, so every rank takes the same stop decision.
 """
 from __future__ import annotations

@@ -16,6 +16,18 @@ Choices the paper left open: with ``corrections_per_input > 1`` the first correc
 wrong rollout decides its shaping and all ``k`` are trained; with a reference, a rollout whose
 group has no other scored rollout gets no correction.
 
+Long inputs: a correction prompt holds the problem and two whole responses, so with long
+responses it can exceed the context (``pl_module.context_limit``: the model's positions, or
+``rollout.vllm.max_model_len``). ``on_long_prompt`` decides: ``truncate`` (default) shortens
+each candidate in its middle, keeping its opening and its end (where the final answer is) with
+a ``[... N tokens omitted ...]`` marker; ``skip`` gives that wrong rollout no correction. Both
+are counted in ``train/corrections_truncated`` / ``train/corrections_skipped_long``.
+
+Several processes: every seed and every reference draw is a function of the rollout's global
+row (rank x rows per rank + row), so a run on N processes draws what one process drawing the
+same global batch would; and ``generate`` is called on every rank, with no prompts where a rank
+has no wrong rollout (a vLLM tensor-parallel group or an FSDP2-sharded HF engine needs every rank).
+
 The k = 1 ablation (``reference: none``, "no counterfactual partner"): every wrong rollout
 gets a self-revision prompt showing only itself, no reference is drawn, and the full-rewrite
 filter keeps only ``d(y_i, y^) > alpha``: its second condition, ``d(y_i, y^) > d(y^, y_ref)``,
@@ -96,6 +108,8 @@ class CorrectionRollouts(Callback):
             keeps only ``d(y_i, y^) > alpha``).
         self_revision_template: Instruction of the prompt with ``reference: none``.
         self_revision_code_template: The same for code tasks.
+        on_long_prompt: A correction prompt that leaves no room for ``max_new_tokens`` in the
+            context: ``truncate`` the candidates in their middle, or ``skip`` the correction.
     """
 
     def __init__(
@@ -111,7 +125,10 @@ class CorrectionRollouts(Callback):
         reference: Literal["group", "none"] = "group",
         self_revision_template: str = DEFAULT_SELF_REVISION_TEMPLATE,
         self_revision_code_template: str = DEFAULT_SELF_REVISION_CODE_TEMPLATE,
+        on_long_prompt: Literal["truncate", "skip"] = "truncate",
     ) -> None:
+        if on_long_prompt not in ("truncate", "skip"):
+            raise ValueError(f"CorrectionRollouts.on_long_prompt must be 'truncate' or 'skip', got {on_long_prompt!r}")
         if reference not in REFERENCE_MODES:
             raise ValueError(f"CorrectionRollouts.reference must be one of {', '.join(REFERENCE_MODES)}; got {reference!r}")
         if alpha != "adaptive" and not (isinstance(alpha, (int, float)) and 0 <= alpha <= 1):
@@ -136,6 +153,7 @@ class CorrectionRollouts(Callback):
         self.reference = reference
         self.self_revision_template = self_revision_template
         self.self_revision_code_template = self_revision_code_template
+        self.on_long_prompt = on_long_prompt
 
     # ------------------------------------------------------------------ hook
     def on_rollouts_scored(self, trainer, pl_module, step: ScoredRollouts) -> None:
@@ -143,8 +161,9 @@ class CorrectionRollouts(Callback):
         B, Lr = rollouts.response_ids.shape
         responses = rollouts.response_lists()
         groups = rollouts.group_index.tolist()
+        rank, seed = pl_module.global_rank, pl_module.rollout_cfg.seed
 
-        pairs = self.correction_pairs(rewards.tolist(), groups, pl_module.rollout_cfg.seed, step.step)
+        pairs = self.correction_pairs(rewards.tolist(), groups, seed, step.step, rank=rank)
         out = Corrections(
             rewards=torch.full((B,), math.nan),
             rewrite=torch.zeros(B, dtype=torch.bool),
@@ -152,23 +171,34 @@ class CorrectionRollouts(Callback):
             distance=torch.full((B,), math.nan),
             alpha=float(self.alpha) if self.alpha != "adaptive" else math.nan,
         )
-        if not pairs:
-            out.metrics = {"train/corrections": 0.0, "train/rewrite_rate": 0.0}
-            step.corrections = out
-            return
-
         tokenizer = pl_module.tokenizer
-        prompt_ids = [
-            self.correction_prompt_ids(
-                tokenizer, step.prompts[groups[i]], step.texts[i], None if ref is None else step.texts[ref]
-            )
-            for i, ref in pairs
-        ]
         sampling = pl_module.rollout_cfg.sampling
         if self.max_new_tokens is not None:
             sampling = replace(sampling, max_new_tokens=self.max_new_tokens)
-        seeds = rollout_seeds(pl_module.rollout_cfg.seed, step.step, CORRECTIONS, len(pairs) * self.k, rank=pl_module.global_rank)
+        budget = getattr(pl_module, "context_limit", None)
+        budget = budget - sampling.max_new_tokens if budget is not None else None
+        prompt_ids, kept_pairs, truncated = [], [], 0
+        for i, ref in pairs:
+            ids, was_truncated = self.bounded_prompt_ids(
+                tokenizer, step.prompts[groups[i]], step.texts[i], None if ref is None else step.texts[ref], budget
+            )
+            if ids is None:
+                continue
+            truncated += was_truncated
+            prompt_ids.append(ids)
+            kept_pairs.append((i, ref))
+        long_metrics = {"train/corrections_truncated": float(truncated),
+                        "train/corrections_skipped_long": float(len(pairs) - len(kept_pairs))}
+        pairs = kept_pairs
+        # Seeds of global row g's k corrections: g * k .. g * k + k - 1 of this step's stream.
+        row_seeds = rollout_seeds(seed, step.step, CORRECTIONS, B * self.k, rank=rank)
+        seeds = [row_seeds[i * self.k + j] for i, _ in pairs for j in range(self.k)]
+        # Called on every rank, with no prompts where there is nothing to correct (a collective).
         batch = pl_module.engine.generate(prompt_ids, n=self.k, seeds=seeds, sampling=sampling)
+        if not pairs:
+            out.metrics = {"train/corrections": 0.0, "train/rewrite_rate": 0.0, **long_metrics}
+            step.corrections = out
+            return
         corrected = batch.response_lists()
         texts = tokenizer.batch_decode(corrected, skip_special_tokens=True)
         source = [pairs[m][0] for m in batch.group_index.tolist()]  # the wrong rollout each sample corrects
@@ -211,24 +241,28 @@ class CorrectionRollouts(Callback):
             "train/rewrite_rate": float(out.rewrite.sum()) / max(n_success, 1),
             "train/correction_alpha": out.alpha,
             "train/correction_distance": float(out.distance.nanmean()),
+            **long_metrics,
         }
         step.corrections = out
 
     # --------------------------------------------------------------- pieces
     def correction_pairs(
-        self, rewards: list[float], groups: list[int], seed: int, step: int
+        self, rewards: list[float], groups: list[int], seed: int, step: int, rank: int = 0
     ) -> list[tuple[int, Optional[int]]]:
         """``(i, ref)`` for every wrong rollout ``i`` that gets a correction; with
         ``reference: none`` every wrong rollout, paired with None (no reference is drawn)."""
         if self.reference == "none":
             return [(i, None) for i, reward in enumerate(rewards) if reward == 0]  # NaN is not wrong
-        return self.choose_references(rewards, groups, seed, step)
+        return self.choose_references(rewards, groups, seed, step, rank=rank)
 
     @staticmethod
-    def choose_references(rewards: list[float], groups: list[int], seed: int, step: int) -> list[tuple[int, int]]:
+    def choose_references(
+        rewards: list[float], groups: list[int], seed: int, step: int, rank: int = 0
+    ) -> list[tuple[int, int]]:
         """``(i, ref)`` for every wrong rollout ``i`` that has a partner (METHOD section 5, step 1):
-        ``ref`` uniform over the group's correct rollouts, else over its other wrong ones."""
-        rng = random.Random(rollout_seeds(seed, step, REFERENCE_CHOICE, 1)[0])
+        ``ref`` uniform over the group's correct rollouts, else over its other wrong ones. Row
+        ``i``'s draw has its own seed, from its global row (``rank * len(rewards) + i``)."""
+        row_seeds = rollout_seeds(seed, step, REFERENCE_CHOICE, len(rewards), rank=rank)
         members: dict[int, list[int]] = {}
         for row, g in enumerate(groups):
             members.setdefault(g, []).append(row)
@@ -240,7 +274,7 @@ class CorrectionRollouts(Callback):
             wrong = [j for j in members[g] if rewards[j] == 0 and j != i]
             candidates = correct or wrong
             if candidates:
-                pairs.append((i, rng.choice(candidates)))
+                pairs.append((i, random.Random(row_seeds[i]).choice(candidates)))
         return pairs
 
     def correction_prompt_text(
@@ -269,6 +303,28 @@ class CorrectionRollouts(Callback):
             f"Candidate solution 1:\n{attempt}\n\nCandidate solution 2:\n{reference}\n\n{answer}"
         )
 
+    def bounded_prompt_ids(
+        self, tokenizer, prompt, attempt: str, reference: Optional[str], budget: Optional[int]
+    ) -> tuple[Optional[list[int]], bool]:
+        """``(ids, truncated)``: the correction prompt within ``budget`` tokens (None: no
+        bound); with ``on_long_prompt: skip``, ``(None, False)`` when it does not fit."""
+        ids = self.correction_prompt_ids(tokenizer, prompt, attempt, reference)
+        if budget is None or len(ids) <= budget:
+            return ids, False
+        if self.on_long_prompt == "skip":
+            return None, False
+        over = len(ids) - budget
+        texts = [attempt] if reference is None else [attempt, reference]
+        lengths = [len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts]
+        # Shorten each candidate in proportion to its length, with room for the markers.
+        for extra in (16, 64, 256):
+            cut = [math.ceil((over + extra) * n / max(sum(lengths), 1)) for n in lengths]
+            short = [_cut_middle(tokenizer, t, c) for t, c in zip(texts, cut)]
+            ids = self.correction_prompt_ids(tokenizer, prompt, short[0], short[1] if reference is not None else None)
+            if len(ids) <= budget:
+                return ids, True
+        return None, False  # the problem alone does not leave room: nothing to correct
+
     def correction_prompt_ids(self, tokenizer, prompt, attempt: str, reference: Optional[str]) -> list[int]:
         """Token ids of the correction prompt, through the chat template when the tokenizer has one."""
         text = self.correction_prompt_text(
@@ -282,3 +338,17 @@ class CorrectionRollouts(Callback):
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
             return tokenizer(text, add_special_tokens=False).input_ids
         return tokenizer(text).input_ids
+
+
+def _cut_middle(tokenizer, text: str, drop: int) -> str:
+    """``text`` without ``drop`` tokens from its middle, marked where they were."""
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    if drop <= 0:
+        return text
+    if drop >= len(ids):
+        return f"[... {len(ids)} tokens omitted ...]"
+    head = (len(ids) - drop) // 2
+    tail = len(ids) - drop - head
+    return (
+        tokenizer.decode(ids[:head]) + f"\n[... {drop} tokens omitted ...]\n" + tokenizer.decode(ids[len(ids) - tail :])
+    )

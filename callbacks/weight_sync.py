@@ -9,9 +9,20 @@ When it syncs:
       ``rollout/logprob_mismatch`` then shows);
     * before validation, when the engine is behind.
 
-How: the policy's weights stream into the engine one full tensor at a time
-(``ibpo_lit.rollout.weights.iter_full_weights`` gathers FSDP shards unit by unit), then the
-engine resets its prefix cache. ``rollout/sync_s`` logs the seconds.
+How: the policy's weights stream into the engine one full tensor at a time, under their
+checkpoint names (``ibpo_lit.rollout.weights.iter_full_weights``: FSDP2 shards are gathered
+one parameter at a time on every rank, packed MoE experts unpacked), then the engine resets its
+prefix cache. ``rollout/sync_s`` logs the seconds. After each sync the callback checks that
+every parameter and persistent buffer of the policy was sent (``StaleWeightsError`` naming the
+missing ones otherwise): a tensor the sync never reaches stays stale in the engine, which a
+16-token probe at a small learning rate would not notice.
+
+Sleep mode (GPU, ``rollout.vllm.enable_sleep_mode``): before each update
+(``on_before_update``) the engine sleeps, at level 2 (weights dropped) when a sync follows
+this update, else level 1 (weights offloaded to CPU memory); the sync then wakes the weights,
+loads the new ones and only then allocates the KV cache again (verl's and TRL's order). An
+engine whose weights were dropped is always synced after the update, even when a skipped
+(non-finite) step left the version unchanged.
 
 The probe: after each sync, the engine samples ``probe_tokens`` tokens for a fixed prompt and
 the trainer recomputes their log-probs; if the mean absolute difference exceeds
@@ -35,7 +46,8 @@ import torch
 
 from ibpo_lit.policy_logprobs import response_logprobs
 from ibpo_lit.rollout.engine import SamplingConfig
-from ibpo_lit.rollout.weights import iter_full_weights
+from ibpo_lit.rollout.weights import SyncManifest, iter_full_weights
+from ibpo_lit.scale.fsdp2 import is_sharded
 
 
 class StaleWeightsError(RuntimeError):
@@ -88,9 +100,16 @@ class VLLMWeightSync(L.Callback):
         self.fit_syncs = 0
         self.sync_engine(trainer, pl_module)  # forced: fresh start and resume alike
 
+    def on_before_update(self, trainer, pl_module, step) -> None:
+        engine = pl_module.engine
+        if not getattr(engine, "can_sleep", False):
+            return
+        ahead = pl_module.weights_version + pl_module.rollout_cfg.num_mini_batches - (self.synced_version or 0)
+        engine.sleep(level=2 if ahead >= self.every_n_steps else 1)
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         behind = pl_module.weights_version - (self.synced_version or 0)
-        if behind >= self.every_n_steps:
+        if behind >= self.every_n_steps or getattr(pl_module.engine, "weights_discarded", False):
             self.sync_engine(trainer, pl_module)
             metrics = {"rollout/sync_s": self.last_seconds}
             if self.last_probed:
@@ -108,9 +127,15 @@ class VLLMWeightSync(L.Callback):
         """Stream the policy's weights into ``pl_module.engine`` and check the probe."""
         engine = pl_module.engine
         start = time.perf_counter()
+        manifest = SyncManifest()
         with torch.no_grad():
-            engine.sync_weights(iter_full_weights(pl_module.policy))
+            engine.sync_weights(iter_full_weights(pl_module.policy, manifest))
         self.last_seconds = time.perf_counter() - start
+        if manifest.missing():
+            raise StaleWeightsError(
+                f"the weight sync did not send {len(manifest.missing())} of the policy's tensors "
+                f"({', '.join(manifest.missing()[:5])}...): the engine would keep their old values"
+            )
         self.synced_version = pl_module.weights_version
         self.syncs += 1
         self.last_probed = bool(self.probe_tokens) and self.fit_syncs % self.probe_every_n_syncs == 0
@@ -129,7 +154,9 @@ class VLLMWeightSync(L.Callback):
         pl_module.policy.eval()
         try:
             with torch.no_grad():
-                trainer_logp = response_logprobs(pl_module.policy, batch, temperature=1.0).float()
+                trainer_logp = response_logprobs(
+                    pl_module.policy, batch, temperature=1.0, single_pass=is_sharded(pl_module.policy)
+                ).float()
         finally:
             pl_module.policy.train(was_training)
         mask = batch.response_mask

@@ -27,6 +27,7 @@ from ibpo_lit.config_checks import check_fit_settings, read_checkpoint_error
 from ibpo_lit.data.datamodule import PromptDataModule
 from ibpo_lit.errors import debug_enabled, format_user_error, is_user_error
 from ibpo_lit.module import IBPOModule
+from ibpo_lit.scale import strategy as _registers_fsdp2  # noqa: F401 - `trainer.strategy: fsdp2`
 
 # The module steps its optimizer itself, and a checkpoint after the step is exactly what resume
 # needs; Lightning's advice to stash pre-step weights does not apply.

@@ -34,7 +34,7 @@ from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:  # some platforms cannot open a directory
@@ -75,7 +75,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         except OSError:
             pass
         raise
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -28,8 +28,10 @@ What is not covered:
     * Which model to use: the caller passes the policy (pi_old, before the batch's first
       update, so the weights do not change across mini-batches) in the mode it wants; the
       scorer does not toggle ``train()``/``eval()`` (dropout would make drops noisy).
-    * Sharded models: under FSDP each rank scores its own rows with the sharded module like
-      any other forward pass; nothing here gathers across ranks.
+    * Sharded models: under FSDP2 each rank scores its own rows with the sharded module like
+      any other forward pass, but every forward is a collective: given a ``sync``
+      (``ibpo_lit.scale.RankSync``), the ranks agree on the largest number of passes and the
+      others run one-token passes whose output is discarded.
 
 Rows without an answer marker get weight 1 on every token and cost no forward pass (there is
 no answer to measure); so do rows with a marker but no span (their reasoning weights are the
@@ -141,6 +143,7 @@ def span_drops_batched(
     *,
     temperature: float = 1.0,
     tokens_per_pass: int = 8192,
+    sync=None,
 ) -> tuple[list[list[float]], dict[str, int]]:
     """Answer log-prob drop of every span of every response, batched.
 
@@ -152,6 +155,8 @@ def span_drops_batched(
         mask_id: the id written over masked span tokens.
         temperature: logits are divided by it (the sampled policy's log-probs).
         tokens_per_pass: budget of sequences x padded length of one pass.
+        sync: a ``RankSync`` when forwards are collectives (FSDP2): every rank then runs as
+            many passes as the busiest one.
 
     Returns:
         drops: [B] lists, ``drops[b][k]`` for ``layouts[b].spans[k]`` (empty without spans
@@ -176,6 +181,8 @@ def span_drops_batched(
     if rows:
         passes.append(rows)
 
+    # Agreed before any pass: a rank already inside a forward (an all-gather) cannot answer.
+    padding = (sync.max(len(passes)) if sync is not None else len(passes)) - len(passes)
     total_tokens = 0
     for rows in passes:
         seqs, owner, first_pred = [], [], []
@@ -213,6 +220,8 @@ def span_drops_batched(
             full = answer_logp[j]
             drops[b] = [full - masked for masked in answer_logp[j + 1 : j + 1 + k]]
             j += 1 + k
+    for _ in range(padding):
+        model(input_ids=torch.full((1, 1), mask_id, dtype=torch.long, device=device), use_cache=False, logits_to_keep=1)
     return drops, {"passes": len(passes), "tokens": total_tokens}
 
 
@@ -288,6 +297,7 @@ class CIWScorer:
         rows: Tensor | Sequence[bool] | None = None,
         step: int = 0,
         temperature: float = 1.0,
+        sync=None,
     ) -> CIWResult:
         """Weights [B, Lr] for ``batch`` under ``model``.
 
@@ -300,6 +310,8 @@ class CIWScorer:
             step: the policy version: the cache only serves drops of the same ``step``, and
                 the ``random`` ablation draws from a generator seeded with (``cfg.seed``, step).
             temperature: the sampling temperature (log-probs of the sampled policy).
+            sync: a ``RankSync`` when the model's forwards are collectives (see
+                ``span_drops_batched``).
         """
         start = time.perf_counter()
         cfg = self.cfg
@@ -336,6 +348,7 @@ class CIWScorer:
             self.mask_id,
             temperature=temperature,
             tokens_per_pass=cfg.tokens_per_pass,
+            sync=sync,
         )
         for (key, (_, _, layout)), row_drops in zip(pending, drops):
             found[key] = (layout, row_drops)

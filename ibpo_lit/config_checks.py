@@ -14,15 +14,23 @@ What is covered:
   (``data.prompts_per_step * model.rollout.group_size``): some mini-batches would be empty.
 - No ``trainer.max_steps`` and no ``model.optim.total_steps``: the cosine schedule needs one.
 - ``model.model`` a local path that is not a model directory (checked without loading it).
-- ``--ckpt_path`` a file that does not exist or is not a readable checkpoint.
+- ``--ckpt_path`` a path that does not exist, or a folder that is not a sharded checkpoint.
+- ``trainer.strategy`` Lightning's ``FSDPStrategy`` (FSDP1, which cannot run the module's manual
+  backward passes) or DeepSpeed: use ``ibpo_lit.scale.FSDP2Strategy``.
+- ``model.rollout.vllm.tensor_parallel_size`` that does not divide the processes of the run
+  (``trainer.devices x trainer.num_nodes``): each vLLM engine spans consecutive ranks.
+- ``data.max_prompt_tokens + model.rollout.sampling.max_new_tokens`` longer than the model's
+  context (its config's ``max_position_embeddings``, read without loading weights when it is
+  on disk) or than ``model.rollout.vllm.max_model_len``.
 
 What is checked elsewhere: GSPO with an ``agg_mode`` (token-sum or any other aggregation) and a
 group size below 2 (`ibpo_lit.config`); Lightning itself rejects ``trainer.gradient_clip_val``
 and ``trainer.accumulate_grad_batches`` with manual optimization (use ``model.optim.grad_clip``
 and ``model.rollout.micro_batch_size``).
 
-What is not covered: whether ``data.max_prompt_tokens + rollout.sampling.max_new_tokens`` fits
-the model's context (the model's config is not read before it loads).
+What is not covered: the context of a hub model that is not in the local Hugging Face cache
+(no download happens at config time); such a run checks nothing here and relies on vLLM's
+and transformers' own errors.
 """
 from __future__ import annotations
 
@@ -81,14 +89,63 @@ def model_path_exists(model: str) -> Optional[str]:
 
 
 def checkpoint_readable(ckpt_path: Optional[str]) -> Optional[str]:
-    """Only existence here; `read_checkpoint_error` says whether a file that exists loads."""
+    """Only existence here; `read_checkpoint_error` says whether a file that exists loads. A
+    folder is accepted when it is a sharded checkpoint (FSDP2's distributed format)."""
     if not ckpt_path or ckpt_path in CKPT_KEYWORDS:
         return None
     if not os.path.exists(ckpt_path):
-        return f"ckpt_path: no such checkpoint file: {ckpt_path}"
-    if os.path.isdir(ckpt_path):
-        return f"ckpt_path: {ckpt_path} is a directory; pass the checkpoint file (for example {ckpt_path}/last.ckpt)"
+        return f"ckpt_path: no such checkpoint: {ckpt_path}"
+    if os.path.isdir(ckpt_path) and not is_sharded_checkpoint(ckpt_path):
+        return (
+            f"ckpt_path: {ckpt_path} is a folder but not a sharded checkpoint (no .metadata and meta.pt); "
+            f"pass a checkpoint (for example {ckpt_path}/last.ckpt)"
+        )
     return None
+
+
+def is_sharded_checkpoint(path: str) -> bool:
+    """A folder written by a sharded save (torch.distributed.checkpoint plus Lightning's meta.pt)."""
+    return os.path.isfile(os.path.join(path, ".metadata")) and os.path.isfile(os.path.join(path, "meta.pt"))
+
+
+def strategy_supported(strategy: Any) -> Optional[str]:
+    name = type(strategy).__name__
+    if name == "FSDPStrategy":
+        return (
+            "trainer.strategy: Lightning's FSDPStrategy (FSDP1) runs training_step inside the root module's "
+            "forward, where ibpo-lit's manual backward passes and its callbacks' forwards cannot run; use "
+            "ibpo_lit.scale.FSDP2Strategy (FSDP2, the same sharding, applied per decoder layer)"
+        )
+    if "DeepSpeed" in name:
+        return f"trainer.strategy: {name} is not supported; use ibpo_lit.scale.FSDP2Strategy or ddp"
+    return None
+
+
+def tensor_parallel_fits(backend: str, tensor_parallel_size: int, processes: int) -> Optional[str]:
+    if backend != "vllm" or processes % tensor_parallel_size == 0:
+        return None
+    return (
+        f"model.rollout.vllm.tensor_parallel_size={tensor_parallel_size} does not divide the {processes} processes "
+        "of the run (trainer.devices x trainer.num_nodes): each engine spans that many consecutive ranks"
+    )
+
+
+def context_fits(model_name: str, prompt_tokens: int, new_tokens: int, max_model_len: Optional[int]) -> Optional[str]:
+    from ibpo_lit.models.loading import model_context_length
+
+    need = prompt_tokens + new_tokens
+    problems = []
+    context = model_context_length(model_name)
+    if context is not None and need > context:
+        problems.append(f"the model's context of {context} tokens (max_position_embeddings)")
+    if max_model_len is not None and need > max_model_len:
+        problems.append(f"model.rollout.vllm.max_model_len={max_model_len}")
+    if not problems:
+        return None
+    return (
+        f"data.max_prompt_tokens={prompt_tokens} + model.rollout.sampling.max_new_tokens={new_tokens} = {need} "
+        f"exceeds {' and '.join(problems)}: lower one of them"
+    )
 
 
 def read_checkpoint_error(ckpt_path: str, exc: BaseException) -> ConfigError:
@@ -99,22 +156,40 @@ def read_checkpoint_error(ckpt_path: str, exc: BaseException) -> ConfigError:
     )
 
 
+def _processes(trainer: Any) -> Optional[int]:
+    try:
+        return int(trainer.num_devices) * int(trainer.num_nodes)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 def check_fit_settings(model: Any, datamodule: Any, trainer: Any, ckpt_path: Optional[str] = None) -> None:
     """Raise one `ConfigError` listing every cross-section contradiction (see the module docstring).
 
     ``model`` is an ``IBPOModule``, ``datamodule`` a ``PromptDataModule`` (or None), ``trainer``
     a Lightning ``Trainer``; none of them has loaded weights yet.
     """
+    path_problem = model_path_exists(model.model_name)
     problems = [
+        path_problem,
         ibpo_needs_corrections(model.algorithm.ibpo, list(trainer.callbacks)),
         engine_needs_sync(getattr(model.rollout_cfg, "backend", "hf"), list(trainer.callbacks)),
         schedule_has_length(trainer.max_steps, model.optim_cfg.total_steps),
-        model_path_exists(model.model_name),
         checkpoint_readable(ckpt_path),
+        strategy_supported(getattr(trainer, "strategy", None)),
     ]
+    rollout = model.rollout_cfg
+    processes = _processes(trainer)
+    if processes is not None:
+        problems.append(tensor_parallel_fits(rollout.backend, rollout.vllm.tensor_parallel_size, processes))
     if datamodule is not None and hasattr(datamodule, "prompts_per_step"):
         problems.append(
-            mini_batches_fit(model.rollout_cfg.num_mini_batches, datamodule.prompts_per_step, model.rollout_cfg.group_size)
+            mini_batches_fit(rollout.num_mini_batches, datamodule.prompts_per_step, rollout.group_size)
+        )
+    if datamodule is not None and hasattr(datamodule, "max_prompt_tokens") and path_problem is None:
+        max_model_len = rollout.vllm.max_model_len if rollout.backend == "vllm" else None
+        problems.append(
+            context_fits(model.model_name, datamodule.max_prompt_tokens, rollout.sampling.max_new_tokens, max_model_len)
         )
     problems = [p for p in problems if p]
     if len(problems) == 1:

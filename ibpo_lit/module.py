@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import tempfile
 import time
 from typing import Any, Optional
@@ -35,15 +36,31 @@ from ibpo_lit.algorithms.shaping import shape_rewards
 from ibpo_lit.ciw_scoring import CIWScorer
 from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
 from ibpo_lit.data.prompt import Prompt
-from ibpo_lit.models.loading import BUILTIN_MODELS, eos_token_ids, load_policy, resolve_model_path
+from ibpo_lit.models.loading import (
+    BUILTIN_MODELS,
+    build_builtin_model,
+    eos_token_ids,
+    load_policy,
+    load_sharded_policy,
+    resolve_model_path,
+)
 from ibpo_lit.policy_logprobs import response_logprobs
 from ibpo_lit.rewards import RewardPool, get_reward
 from ibpo_lit.rng_state import capture_rng_state, restore_rng_state
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.rollout.engine import RolloutEngine
 from ibpo_lit.rollout.hf import HFRolloutEngine
+from ibpo_lit.scale.collectives import RankSync
+from ibpo_lit.scale.fsdp2 import FSDP2Plan, fp32_rotary_buffers, is_sharded
+from ibpo_lit.scale.launch_env import export_rank_env
+from ibpo_lit.scale.strategy import sharding_plan
 from ibpo_lit.seeding import MAIN_ROLLOUTS, VALIDATION, rollout_seeds
 from ibpo_lit.step import ScoredRollouts, UpdateBatch
+
+# Metrics that count events on each rank: summed over ranks, not averaged.
+# (``train/loss``: each rank's micro-batch losses are its share of the global mini-batch loss.)
+SUMMED_METRICS = ("train/unscorable", "train/corrections", "train/tokens_per_s", "train/reward_timeouts",
+                  "train/reward_errors", "train/reward_none", "train/loss")
 
 
 class NonFiniteError(RuntimeError):
@@ -71,6 +88,9 @@ class IBPOModule(L.LightningModule):
         max_nonfinite_steps: Stop after this many consecutive steps whose loss or gradient
             norm is not finite (each one is skipped and counted).
         gradient_checkpointing: Recompute activations in the backward pass to save memory.
+        logprob_chunk_tokens: The trainer's forward applies the LM head to at most this many
+            positions at a time (full-vocabulary logits of long rows never exist at once; see
+            ``ibpo_lit.policy_logprobs``). Unset = one piece.
     """
 
     def __init__(
@@ -86,6 +106,7 @@ class IBPOModule(L.LightningModule):
         val_samples: int = 1,
         max_nonfinite_steps: int = 5,
         gradient_checkpointing: bool = False,
+        logprob_chunk_tokens: Optional[int] = 4096,
     ) -> None:
         super().__init__()
         self.model_name = model
@@ -107,6 +128,9 @@ class IBPOModule(L.LightningModule):
         self._reward_pool: Optional[RewardPool] = None
         self.max_nonfinite_steps = max_nonfinite_steps
         self.gradient_checkpointing = gradient_checkpointing
+        if logprob_chunk_tokens is not None and logprob_chunk_tokens < 1:
+            raise ValueError(f"logprob_chunk_tokens must be >= 1 or unset, got {logprob_chunk_tokens}")
+        self.logprob_chunk_tokens = logprob_chunk_tokens
         self.loss_fn = POLICY_LOSSES.get(self.algorithm.loss)
         self.save_hyperparameters()
         self.automatic_optimization = False
@@ -116,6 +140,7 @@ class IBPOModule(L.LightningModule):
         self.tokenizer = None
         self.engine: Optional[RolloutEngine] = None
         self.ciw_scorer: Optional[CIWScorer] = None
+        self._plan: Optional[FSDP2Plan] = None  # FSDP2 sharding of the policy (None: replicated)
         self._engine_dir: Optional[tempfile.TemporaryDirectory] = None
         self.rollout_step = 0  # rollout batches done; saved in checkpoints (seeds depend on it)
         # Optimizer steps taken (skipped non-finite ones excluded): the version of the policy's
@@ -134,16 +159,53 @@ class IBPOModule(L.LightningModule):
         # Called by Lightning inside the strategy's context (FSDP shards from here); loading
         # here rather than in __init__ also means a bad config fails before any weights load.
         if self.policy is not None:
+            if self.engine is None:
+                self.engine = self._build_engine()
             return
-        self.policy, self.tokenizer = load_policy(self.model_name, dtype=self.dtype_name, seed=self.rollout_cfg.seed)
+        trainer = self._trainer
+        self._plan = sharding_plan(trainer.strategy) if trainer is not None else None
+        self.policy, self.tokenizer = self._load_policy()
         self.policy.train()  # from_pretrained returns eval mode; dropout is off either way (load_policy)
         if self.gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable()
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.algorithm.beta_kl > 0:
-            # Frozen copy of the initial policy; dropout is already off (see load_policy).
-            self.ref_policy = copy.deepcopy(self.policy).requires_grad_(False)
+            # Frozen copy of the initial policy; dropout is already off (see load_policy). A
+            # sharded policy cannot be deep-copied: the reference is loaded and sharded the same way.
+            if self._plan is not None:
+                self.ref_policy = self._load_policy()[0].requires_grad_(False)
+            else:
+                self.ref_policy = copy.deepcopy(self.policy).requires_grad_(False)
+        if trainer is not None and trainer.world_size > 1:
+            export_rank_env(trainer)  # vLLM's external launcher reads RANK / LOCAL_RANK
         self.engine = self._build_engine()
         self.ciw_scorer = CIWScorer(self.algorithm.ciw, self.tokenizer) if self.algorithm.ciw is not None else None
+
+    def _load_policy(self):
+        if self._plan is not None:
+            return load_sharded_policy(self.model_name, self._plan, dtype=self.dtype_name, seed=self.rollout_cfg.seed)
+        return load_policy(self.model_name, dtype=self.dtype_name, seed=self.rollout_cfg.seed)
+
+    @property
+    def sync(self) -> RankSync:
+        """Collectives over the run's processes (a no-op in one process)."""
+        return RankSync.from_trainer(self._trainer)
+
+    @property
+    def context_limit(self) -> Optional[int]:
+        """Longest prompt + response the policy and the rollout engine take (None: unknown)."""
+        limits = []
+        positions = getattr(getattr(self.policy, "config", None), "max_position_embeddings", None)
+        if isinstance(positions, int):
+            limits.append(positions)
+        if self.rollout_cfg.backend == "vllm" and self.rollout_cfg.vllm.max_model_len is not None:
+            limits.append(self.rollout_cfg.vllm.max_model_len)
+        return min(limits) if limits else None
+
+    @property
+    def uniform_forwards(self) -> bool:
+        """Whether every forward of the policy is a collective (FSDP2), so that each rank must
+        run as many as the others: one pass per log-prob call, pass counts agreed on."""
+        return is_sharded(self.policy)
 
     def _build_engine(self) -> RolloutEngine:
         cfg = self.rollout_cfg
@@ -153,15 +215,20 @@ class IBPOModule(L.LightningModule):
                 eos_token_ids=eos_token_ids(self.policy, self.tokenizer),
                 pad_token_id=self.tokenizer.pad_token_id,
                 sampling=cfg.sampling,
+                reshard_after_forward=self._plan.reshard_after_forward if self._plan is not None else True,
             )
         from ibpo_lit.rollout.vllm_engine import VLLMRolloutEngine
 
         if self.model_name in BUILTIN_MODELS:
             # Models built in code have no directory: give vLLM one (its weights are replaced
-            # by the policy's at the first sync anyway).
+            # by the policy's at the first sync anyway). Each rank builds an unsharded copy.
             self._engine_dir = tempfile.TemporaryDirectory(prefix="ibpo_lit_engine_")
-            self.policy.save_pretrained(self._engine_dir.name)
-            self.tokenizer.save_pretrained(self._engine_dir.name)
+            # Written with safetensors directly: save_pretrained writes on global rank 0 only.
+            from safetensors.torch import save_model
+
+            model = build_builtin_model(self.model_name, self.dtype_name, self.rollout_cfg.seed)
+            model.config.save_pretrained(self._engine_dir.name)
+            save_model(model, os.path.join(self._engine_dir.name, "model.safetensors"))
             path = self._engine_dir.name
         else:
             path = resolve_model_path(self.model_name)
@@ -175,6 +242,8 @@ class IBPOModule(L.LightningModule):
         )
 
     def on_fit_start(self) -> None:
+        # After the strategy's precision plugin cast the module (bf16-true casts buffers too).
+        fp32_rotary_buffers(self.policy)
         if self.rollout_cfg.backend != "hf" and not any(
             callable(getattr(cb, "sync_engine", None)) for cb in self.trainer.callbacks
         ):
@@ -236,16 +305,9 @@ class IBPOModule(L.LightningModule):
         self._call_step_hooks("on_before_update", step)
         t_hooks = time.perf_counter()
 
-        # 5. updates (a GPU vLLM engine with sleep mode frees its memory meanwhile)
+        # 5. updates (a vLLM engine in sleep mode has freed its memory: see VLLMWeightSync)
         self._mismatch = [0.0, 0.0]  # (sum of |engine - trainer| log-prob, tokens)
-        sleep, wake = getattr(self.engine, "sleep", None), getattr(self.engine, "wake_up", None)
-        if callable(sleep):
-            sleep()
-        try:
-            metrics.update(self._update(step.update))
-        finally:
-            if callable(wake):
-                wake()
+        metrics.update(self._update(step.update))
         metrics["rollout/logprob_mismatch"] = self._mismatch_metric(step.update)
         t_end = time.perf_counter()
 
@@ -290,8 +352,9 @@ class IBPOModule(L.LightningModule):
         rewards = self.score(texts, [prompts[g] for g in rollouts.group_index.tolist()])
         scored = rewards.nan_to_num(0.0)  # an unscorable response counts as wrong here
         n = len(rewards)
-        self.log("val/accuracy", scored.mean(), on_epoch=True, batch_size=n, prog_bar=True)
-        self.log("val/response_len", rollouts.response_lengths.float().mean(), on_epoch=True, batch_size=n)
+        self.log("val/accuracy", scored.mean(), on_epoch=True, batch_size=n, prog_bar=True, sync_dist=True)
+        self.log("val/response_len", rollouts.response_lengths.float().mean(), on_epoch=True, batch_size=n,
+                 sync_dist=True)
 
     def score(self, texts: list[str], prompts: list[Prompt]) -> Tensor:
         """Verifier rewards, [len(texts)] float on the CPU; NaN where a text cannot be scored
@@ -305,6 +368,10 @@ class IBPOModule(L.LightningModule):
         if self._reward_pool is not None:
             self._reward_pool.close()
             self._reward_pool = None
+        close = getattr(self.engine, "close", None)
+        if callable(close):  # while the process groups it uses exist; rebuilt if used again
+            close()
+            self.engine = None
 
     def _call_step_hooks(self, name: str, step: ScoredRollouts) -> None:
         """ibpo-lit's own callback hooks, called in callback order on every callback that
@@ -373,7 +440,7 @@ class IBPOModule(L.LightningModule):
             # (a zero-advantage row gets none, whatever its weights).
             ciw = self.ciw_scorer(
                 self.policy, batch.to(self.device), rows=(advantages != 0), step=self.rollout_step,
-                temperature=self._temperature,
+                temperature=self._temperature, sync=self.sync if self.uniform_forwards else None,
             )
             token_weights = ciw.weights if token_weights is None else token_weights * ciw.weights
             metrics.update(ciw.metrics)
@@ -398,13 +465,14 @@ class IBPOModule(L.LightningModule):
         elif cfg.num_mini_batches > 1:
             # pi_old must be the policy before the first update of this batch.
             old_logp = self._logprobs_no_grad(self.policy, batch)
-            self.step_stats["no_grad_tokens"] += _sequence_tokens(batch)
 
         n = len(batch)
         generator = torch.Generator().manual_seed(cfg.seed * 7919 + self.rollout_step)
         order = torch.randperm(n, generator=generator) if cfg.num_mini_batches > 1 else torch.arange(n)
         totals: dict[str, float] = {}
-        for mini in order.chunk(cfg.num_mini_batches):
+        # tensor_split: exactly num_mini_batches optimizer steps on every rank, whatever its rows
+        # (torch.chunk may return fewer parts than asked for).
+        for mini in order.tensor_split(cfg.num_mini_batches):
             for key, value in self._mini_batch_step(batch, mini.to(device), advantages, token_weights, old_logp).items():
                 totals[key] = totals.get(key, 0.0) + value / cfg.num_mini_batches
         return totals
@@ -415,9 +483,11 @@ class IBPOModule(L.LightningModule):
         scheduler = self.lr_schedulers()
         optimizer.zero_grad(set_to_none=True)
 
-        # Global denominators: every micro-batch loss is a share of the mini-batch loss.
-        num_seqs = float(len(rows))
-        num_tokens = float(batch.response_mask[rows].sum())
+        # Global denominators: every micro-batch loss is a share of the mini-batch loss, over
+        # the rows of every rank. DDP and FSDP average gradients over ranks, so each rank's
+        # loss is scaled by the number of ranks to make the sum of shares the global mean.
+        world = self.trainer.world_size
+        num_seqs, num_tokens = self.sync.sum([float(len(rows)), float(batch.response_mask[rows].sum())])
         # A row with zero advantage contributes exactly zero loss and gradient (without a
         # KL term): skip its forward pass, but keep it in the denominators above.
         active = rows[advantages[rows] != 0] if algo.beta_kl == 0 else rows
@@ -427,14 +497,12 @@ class IBPOModule(L.LightningModule):
         loss_total, weighted = 0.0, {}
         # (torch.split of an empty tensor yields one empty chunk, hence the guard)
         micros = list(active.split(cfg.micro_batch_size)) if len(active) else []
-        # Under DDP/FSDP every forward and backward is a collective: all ranks must run as
-        # many as the busiest one (skipped rows differ per rank), so the others pad with
-        # zero-weighted passes that add nothing to the gradient.
-        for index in range(self._max_over_ranks(len(micros))):
-            if index >= len(micros):
-                self._padding_pass(batch, rows[:1])
-                continue
-            micro = micros[index]
+        # Under DDP/FSDP every backward (and under FSDP every forward) is a collective: all
+        # ranks run as many micro-batches as the busiest one, the others with passes whose loss
+        # is multiplied by 0 (the same forwards, nothing added to the gradient).
+        for index in range(self.sync.max(len(micros))):
+            padding = index >= len(micros)
+            micro = torch.zeros(1, dtype=torch.long, device=rows.device) if padding else micros[index]
             loss, metrics = self.policy_loss(
                 batch.select(micro),
                 advantages[micro],
@@ -442,16 +510,19 @@ class IBPOModule(L.LightningModule):
                 old_logp[micro] if old_logp is not None else None,
                 num_seqs=num_seqs,
                 num_tokens=num_tokens,
+                bookkeeping=not padding,
             )
-            self.manual_backward(loss)
+            if padding:
+                self.manual_backward(loss * 0.0)
+                continue
+            self.manual_backward(loss * world)
             loss_total += float(loss.detach())
             for key, value in metrics.items():
                 weighted[key] = weighted.get(key, 0.0) + float(value) * len(micro)
 
         grad_norm = self._clip_and_check()
         finite = math.isfinite(loss_total) and math.isfinite(grad_norm)
-        if self.trainer.world_size > 1:  # every rank skips, or none: the replicas stay equal
-            finite = self._max_over_ranks(int(not finite)) == 0
+        finite = not self.sync.any(not finite)  # every rank skips, or none: the replicas stay equal
         if not finite:
             # Skip the update but keep the step count: params with no grad are left as they are.
             optimizer.zero_grad(set_to_none=True)
@@ -480,18 +551,6 @@ class IBPOModule(L.LightningModule):
         )
         return out
 
-    def _max_over_ranks(self, count: int) -> int:
-        if self.trainer.world_size <= 1:
-            return count
-        value = torch.tensor(count, device=self.device)
-        return int(self.trainer.strategy.reduce(value, reduce_op="max"))
-
-    def _padding_pass(self, batch: RolloutBatch, rows: Tensor) -> None:
-        """A forward and backward whose loss is multiplied by 0: a rank's share of a
-        collective round when it has no rows of its own left."""
-        logp = response_logprobs(self.policy, batch.select(rows), self._temperature)
-        self.manual_backward(logp.sum() * 0.0)
-
     def policy_loss(
         self,
         batch: RolloutBatch,
@@ -500,21 +559,24 @@ class IBPOModule(L.LightningModule):
         old_logp: Optional[Tensor] = None,
         num_seqs: Optional[float] = None,
         num_tokens: Optional[float] = None,
+        bookkeeping: bool = True,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """Forward ``batch`` (trimmed to its own padding) and return the configured loss.
 
         ``advantages`` [n]; ``token_weights`` and ``old_logp`` [n, >=Lr] (cut to the batch's
         response length); ``old_logp=None`` means on-policy (``pi_old`` = this forward,
         detached). ``num_seqs``/``num_tokens`` are the global denominators (default: this
-        batch's own), so several calls' losses add up to one batch's loss.
+        batch's own), so several calls' losses add up to one batch's loss. ``bookkeeping=False``
+        (a padding pass) leaves the token counters and the mismatch metric alone.
         """
         algo = self.algorithm
         batch = batch.trimmed()
-        logp = response_logprobs(self.policy, batch, self._temperature)
+        logp = self._logprobs(self.policy, batch)
         width = logp.shape[1]
-        self.step_stats["trained_tokens"] = self.step_stats.get("trained_tokens", 0) + _sequence_tokens(batch)
+        if bookkeeping:
+            self.step_stats["trained_tokens"] = self.step_stats.get("trained_tokens", 0) + _sequence_tokens(batch)
         old = old_logp[:, :width] if old_logp is not None else logp.detach()
-        if self.rollout_cfg.old_logp == "trainer":
+        if self.rollout_cfg.old_logp == "trainer" and bookkeeping:
             self._record_mismatch(old, batch)
         kwargs: dict[str, Any] = {"eps_low": algo.eps_low, "eps_high": algo.eps_high}
         if algo.loss == "grpo":
@@ -522,8 +584,10 @@ class IBPOModule(L.LightningModule):
                 kwargs["agg_mode"] = algo.agg_mode
             if algo.beta_kl > 0:
                 kwargs["beta_kl"] = algo.beta_kl
-                kwargs["ref_logp"] = self._logprobs_no_grad(self.ref_policy, batch)
-                self.step_stats["no_grad_tokens"] = self.step_stats.get("no_grad_tokens", 0) + _sequence_tokens(batch)
+                with torch.no_grad():
+                    kwargs["ref_logp"] = self._logprobs(self.ref_policy, batch)
+                if bookkeeping:
+                    self.step_stats["no_grad_tokens"] = self.step_stats.get("no_grad_tokens", 0) + _sequence_tokens(batch)
         return self.loss_fn(
             logp,
             old,
@@ -533,6 +597,12 @@ class IBPOModule(L.LightningModule):
             num_seqs=num_seqs if num_seqs is not None else float(len(batch)),
             num_tokens=num_tokens if num_tokens is not None else float(batch.response_mask.sum()),
             **kwargs,
+        )
+
+    def _logprobs(self, model: torch.nn.Module, batch: RolloutBatch) -> Tensor:
+        """The trainer's response log-probs [B, Lr] (gradient as the caller's mode allows)."""
+        return response_logprobs(
+            model, batch, self._temperature, single_pass=self.uniform_forwards, chunk_tokens=self.logprob_chunk_tokens
         )
 
     def _record_mismatch(self, trainer_logp: Tensor, batch: RolloutBatch) -> None:
@@ -546,22 +616,35 @@ class IBPOModule(L.LightningModule):
 
     def _mismatch_metric(self, update: UpdateBatch) -> float:
         """The step's mean mismatch; when no row was forwarded (every advantage zero), one
-        no-grad forward of a micro-batch measures it."""
+        no-grad forward of a micro-batch measures it (on every rank when forwards are
+        collectives and any rank needs it)."""
         if self.rollout_cfg.old_logp != "trainer":
             return math.nan
-        if self._mismatch[1] == 0 and len(update.batch):
+        needed = self._mismatch[1] == 0 and len(update.batch) > 0
+        if self.uniform_forwards and self.sync.any(needed):
+            rows = torch.arange(max(min(len(update.batch), self.rollout_cfg.micro_batch_size), 1))
+            batch = update.batch.select(rows).to(self.device)
+            with torch.no_grad():
+                logp = self._logprobs(self.policy, batch)
+            if needed:
+                self._record_mismatch(logp, batch)
+                self.step_stats["no_grad_tokens"] += _sequence_tokens(batch)
+        elif needed:
             rows = torch.arange(min(len(update.batch), self.rollout_cfg.micro_batch_size))
             batch = update.batch.select(rows).to(self.device)
             self._record_mismatch(self._logprobs_no_grad(self.policy, batch), batch)
-            self.step_stats["no_grad_tokens"] += _sequence_tokens(batch)
         return self._mismatch[0] / max(self._mismatch[1], 1.0)
 
     def _clip_and_check(self) -> float:
+        """Clip by the global gradient norm (over DTensor shards, the norm of the whole
+        gradient, the same on every rank) and return it."""
         params = [p for p in self.policy.parameters() if p.grad is not None]
         if not params:
             return 0.0
         max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        full = getattr(norm, "full_tensor", None)
+        return float(full() if callable(full) else norm)
 
     @property
     def _temperature(self) -> float:
@@ -569,11 +652,23 @@ class IBPOModule(L.LightningModule):
 
     @torch.no_grad()
     def _logprobs_no_grad(self, model: torch.nn.Module, batch: RolloutBatch) -> Tensor:
-        chunks = []
-        for rows in torch.arange(len(batch), device=batch.response_ids.device).split(self.rollout_cfg.micro_batch_size):
-            logp = response_logprobs(model, batch.select(rows), self._temperature)
-            chunks.append(torch.nn.functional.pad(logp, (0, batch.response_ids.shape[1] - logp.shape[1])))
-        return torch.cat(chunks)
+        """Log-probs [B, Lr] in micro-batches; with collective forwards every rank runs as many
+        passes as the busiest (the extra ones on its first row, discarded)."""
+        chunks = list(torch.arange(len(batch), device=batch.response_ids.device).split(self.rollout_cfg.micro_batch_size))
+        passes = self.sync.max(len(chunks)) if self.uniform_forwards else len(chunks)
+        out = []
+        for index in range(passes):
+            if index >= len(chunks):
+                self._logprobs(model, batch.select(torch.zeros(1, dtype=torch.long)))
+                continue
+            logp = self._logprobs(model, batch.select(chunks[index]))
+            out.append(torch.nn.functional.pad(logp, (0, batch.response_ids.shape[1] - logp.shape[1])))
+            self.step_stats["no_grad_tokens"] = self.step_stats.get("no_grad_tokens", 0) + _sequence_tokens(
+                batch.select(chunks[index])
+            )
+        if not out:
+            return torch.zeros(batch.response_ids.shape, dtype=torch.float32, device=batch.response_ids.device)
+        return torch.cat(out)
 
     # ----------------------------------------------------------- logging/ckpt
     def _reward_totals(self) -> dict[str, int]:
@@ -591,6 +686,8 @@ class IBPOModule(L.LightningModule):
         return out
 
     def _log_metrics(self, metrics: dict[str, float]) -> None:
+        """Log a step's metrics, averaged over ranks (counts summed; see ``SUMMED_METRICS``)."""
+        metrics = self.sync.mean_metrics(metrics, summed=SUMMED_METRICS)
         bar = {"train/reward", "train/correction_success", "train/unscorable", "train/nonfinite_steps", "data/skipped"}
         for key, value in metrics.items():
             if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -604,7 +701,8 @@ class IBPOModule(L.LightningModule):
             "weights_version": self.weights_version,
             "nonfinite_run": self._nonfinite_run,
             "reward_counts": self._reward_totals(),
-            "rng": capture_rng_state(),
+            # Every rank's generators (a collective: Lightning calls this hook on every rank).
+            "rng_per_rank": self.sync.gather(capture_rng_state()),
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -614,8 +712,23 @@ class IBPOModule(L.LightningModule):
         self.weights_version = state.get("weights_version", 0)
         self._nonfinite_run = state.get("nonfinite_run", 0)
         self._reward_counts.update(state.get("reward_counts", {}))
-        self._pending_rng_state = state.get("rng")
+        self._pending_rng_state = self._own_rng_state(state)
         self.configure_model()
+
+    def _own_rng_state(self, state: dict) -> Optional[dict]:
+        """This rank's saved generators; none when the run's size changed (each rank's streams
+        are its own, so another rank's state would be the wrong one)."""
+        per_rank = state.get("rng_per_rank")
+        if per_rank is None:  # a checkpoint from before per-rank states: rank 0's only
+            return state.get("rng") if self.global_rank == 0 else None
+        world = self._trainer.world_size if self._trainer is not None else 1
+        if len(per_rank) != world:
+            rank_zero_warn(
+                f"the checkpoint holds the random generators of {len(per_rank)} processes and this run has "
+                f"{world}: they are not restored (ibpo-lit's own sampling does not depend on them)."
+            )
+            return None
+        return per_rank[self.global_rank]
 
 
 def _sequence_tokens(batch: RolloutBatch) -> int:

@@ -15,17 +15,37 @@ What is covered:
       Measured on SmolLM2, 2 prompts x 8 responses of 4 to 128 tokens, fp32, 2 CPU cores:
       forward + backward 30.1 s per-row, 23.9 s with the prompts shared, 17.2 s with buckets.
 
+    * Long rows without full-vocabulary logits: with ``chunk_tokens`` set, the LM head is
+      applied to at most that many positions at a time and each chunk is reduced to its tokens'
+      log-probs at once (``chunked_token_logprobs``); under autograd each chunk is checkpointed,
+      so backward recomputes its logits instead of keeping them. A 30k-token row of a
+      152k-token vocabulary needs 18 GB of float32 logits in one piece; in chunks of 4096
+      positions, 2.5 GB at a time. This runs inside the model's own forward (the head's
+      ``forward`` is swapped for the duration of the call), so a head gathered by FSDP2 for that
+      forward is the one used.
+    * ``single_pass``: exactly one forward per call, whatever the rows (the plain per-row
+      forward). Under FSDP2 every forward is a collective, so ranks must agree on the number of
+      forwards; the shared-prompt path runs one per length bucket, which depends on the rank's
+      own rows.
+
 What is not covered:
     * Models with gradient checkpointing on in training mode: transformers turns the cache off
       there, so they take the plain per-row forward.
     * Prefix sharing between prompts that differ (only identical prompts are merged).
+    * Chunking for models that transform the logits after the head (soft-capping, logit
+      scales: Gemma 2/3, Cohere, Granite): they keep the full logits (``head_is_last``).
+    * A fused kernel (liger-kernel's fused linear log-prob on GPU): optional future work; the
+      chunked path bounds memory, not time.
 """
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from ibpo_lit.algorithms.logprobs import token_logprobs
@@ -36,7 +56,18 @@ BUCKET_OVERHEAD_TOKENS = 32
 weight again); sets how finely rows are split by response length (see ``_length_buckets``)."""
 
 
-def response_logprobs(model: torch.nn.Module, batch: RolloutBatch, temperature: float = 1.0) -> Tensor:
+# Config fields of architectures that transform the logits after the LM head.
+LOGIT_TRANSFORM_FIELDS = ("final_logit_softcapping", "logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def response_logprobs(
+    model: torch.nn.Module,
+    batch: RolloutBatch,
+    temperature: float = 1.0,
+    *,
+    single_pass: bool = False,
+    chunk_tokens: Optional[int] = None,
+) -> Tensor:
     """Teacher-forced ``log pi(y_t | x, y_<t)`` for every response position.
 
     Returns [B, Lr] float32; values at padding are meaningless and must be masked by the
@@ -45,28 +76,96 @@ def response_logprobs(model: torch.nn.Module, batch: RolloutBatch, temperature: 
     Prompts are left-padded, so ``position_ids`` come from the attention mask (each row
     starts at 0). Only response positions get logits: the prompt's logits are never used,
     and on a 49k-token vocabulary the head is a large share of the forward pass. Rows that
-    share a prompt share its forward (see the module docstring).
+    share a prompt share its forward unless ``single_pass``; ``chunk_tokens`` bounds the
+    positions whose logits exist at once (see the module docstring).
     """
-    if len(batch) < 2 or batch.response_ids.shape[1] < 2 or getattr(model, "is_gradient_checkpointing", False):
-        return _per_row_logprobs(model, batch, temperature)
-    return _shared_prompt_logprobs(model, batch, temperature, *_distinct_prompts(batch))
+    if (
+        single_pass
+        or len(batch) < 2
+        or batch.response_ids.shape[1] < 2
+        or getattr(model, "is_gradient_checkpointing", False)
+    ):
+        return _per_row_logprobs(model, batch, temperature, chunk_tokens)
+    return _shared_prompt_logprobs(model, batch, temperature, *_distinct_prompts(batch), chunk_tokens=chunk_tokens)
 
 
-def _per_row_logprobs(model: torch.nn.Module, batch: RolloutBatch, temperature: float) -> Tensor:
+def _per_row_logprobs(
+    model: torch.nn.Module, batch: RolloutBatch, temperature: float, chunk_tokens: Optional[int] = None
+) -> Tensor:
     """One forward of every row's prompt + response."""
     input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)
     attention_mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1).long()
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    lr = batch.response_ids.shape[1]
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-        logits_to_keep=lr + 1,
+    lp, lr = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
+    # Position Lp-1+t predicts response token t.
+    predicting = torch.arange(lp - 1, lp - 1 + lr, device=input_ids.device)
+    return _forward_logprobs(
+        model, batch.response_ids, temperature, chunk_tokens,
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+        logits_to_keep=predicting,
     )
-    logits = out.logits[:, :-1]  # position Lp-1+t predicts response token t
-    return token_logprobs(logits, batch.response_ids, temperature)
+
+
+def _forward_logprobs(
+    model: torch.nn.Module, targets: Tensor, temperature: float, chunk_tokens: Optional[int], **inputs
+) -> Tensor:
+    """[B, K] log-probs of ``targets`` [B, K] at the K positions the forward keeps logits for."""
+    if chunk_tokens is None or not head_is_last(model):
+        return token_logprobs(model(**inputs).logits, targets, temperature)
+    with logprob_head(model, targets, temperature, chunk_tokens):
+        return model(**inputs).logits
+
+
+def head_is_last(model: torch.nn.Module) -> bool:
+    """Whether the model's logits are its LM head's output unchanged (no soft-capping or
+    scaling after it), so the head can be replaced by one that returns log-probs."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if model.get_output_embeddings() is None:
+        return False
+    return not any(getattr(c, f, None) not in (None, 1.0) for c in (config, text) for f in LOGIT_TRANSFORM_FIELDS)
+
+
+@contextmanager
+def logprob_head(model: torch.nn.Module, targets: Tensor, temperature: float, chunk_tokens: int) -> Iterator[None]:
+    """While the block runs, the model's LM head maps hidden states [B, K, H] to the
+    log-probs [B, K] of ``targets`` [B, K] (so ``model(...).logits`` holds log-probs), in
+    chunks of ``chunk_tokens`` positions."""
+    head = model.get_output_embeddings()
+    own = head.__dict__.get("forward")  # an instance-level forward (hooks) to restore after
+    head.forward = lambda hidden: chunked_token_logprobs(hidden, head, targets, temperature, chunk_tokens)
+    try:
+        yield
+    finally:
+        if own is not None:
+            head.forward = own
+        else:
+            del head.forward
+
+
+def chunked_token_logprobs(
+    hidden: Tensor, head: torch.nn.Module, targets: Tensor, temperature: float, chunk_tokens: int
+) -> Tensor:
+    """``token_logprobs(head(hidden), targets)`` [B, K] float32 from hidden states [B, K, H],
+    with logits for at most ``chunk_tokens`` positions alive at a time (recomputed chunk by
+    chunk in backward)."""
+    shape = targets.shape
+    flat, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    head_forward = type(head).forward
+
+    def piece(h: Tensor, t: Tensor) -> Tensor:
+        return token_logprobs(head_forward(head, h), t, temperature)
+
+    if flat.shape[0] <= chunk_tokens:
+        pieces = [piece(flat, flat_targets)]
+    else:
+        pieces = [
+            checkpoint(piece, h, t, use_reentrant=False) if torch.is_grad_enabled() else piece(h, t)
+            for h, t in zip(flat.split(chunk_tokens), flat_targets.split(chunk_tokens))
+        ]
+    # A fresh tensor, not a view: FSDP2 warns about (and cannot hook in-place ops on) views
+    # returned from a sharded module's forward.
+    return torch.cat(pieces).reshape(shape).clone()
 
 
 def _distinct_prompts(batch: RolloutBatch) -> tuple[Tensor, Tensor]:
@@ -81,7 +180,12 @@ def _distinct_prompts(batch: RolloutBatch) -> tuple[Tensor, Tensor]:
 
 
 def _shared_prompt_logprobs(
-    model: torch.nn.Module, batch: RolloutBatch, temperature: float, first: Tensor, inverse: Tensor
+    model: torch.nn.Module,
+    batch: RolloutBatch,
+    temperature: float,
+    first: Tensor,
+    inverse: Tensor,
+    chunk_tokens: Optional[int] = None,
 ) -> Tensor:
     """Distinct prompts forwarded once [U, Lp']; then, per bucket of rows of similar response
     length, their prompts' cache indexed out and the responses but their last token forwarded on
@@ -114,14 +218,14 @@ def _shared_prompt_logprobs(
         row_prompt_mask = prompt_mask[inverse[rows]]
         inputs = response_ids[rows, : n - 1]  # token t predicts token t + 1
         steps = torch.arange(n - 1, device=inputs.device)
-        out = model(
+        logp[rows, 1:n] = _forward_logprobs(
+            model, response_ids[rows, 1:n], temperature, chunk_tokens,
             input_ids=inputs,
             attention_mask=torch.cat([row_prompt_mask, batch.response_mask[rows, : n - 1].long()], dim=1),
             position_ids=row_prompt_mask.sum(dim=1, keepdim=True) + steps,  # [rows, n - 1]
             past_key_values=cache,
             use_cache=True,
         )
-        logp[rows, 1:n] = token_logprobs(out.logits, response_ids[rows, 1:n], temperature)
     return logp
 
 

@@ -18,6 +18,10 @@ What is covered:
       alternatives.
     * Dropout is switched off (see ``disable_dropout``) and the tokenizer gets a pad token.
 
+    * Sharded loading (``load_sharded_policy``, under ``FSDP2Strategy``): every rank builds the
+      model on the meta device and shards it; only global rank 0 reads the weights, and they
+      reach the others one tensor at a time (``ibpo_lit.scale.fsdp2.build_sharded``).
+
 What is not covered:
     * GGUF files, PEFT adapters, quantised checkpoints: convert to a plain directory first.
 """
@@ -26,7 +30,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from functools import partial
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import torch
 from transformers import (
@@ -83,8 +87,7 @@ def load_policy(
     """
     torch_dtype = _torch_dtype(dtype)
     if name_or_path in BUILTIN_MODELS:
-        model = BUILTIN_MODELS[name_or_path](seed).to(torch_dtype)
-        return model, build_tiny_tokenizer()
+        return build_builtin_model(name_or_path, dtype, seed), build_tiny_tokenizer()
 
     source = resolve_model_path(name_or_path)
     with _hub_errors(source):
@@ -97,6 +100,81 @@ def load_policy(
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+def build_builtin_model(name: str, dtype: str = "float32", seed: int = 0) -> PreTrainedModel:
+    """A built-in model (``BUILTIN_MODELS``) in ``dtype``, rotary buffers kept in float32."""
+    from ibpo_lit.scale.fsdp2 import fp32_rotary_buffers
+
+    model = BUILTIN_MODELS[name](seed).to(_torch_dtype(dtype))
+    fp32_rotary_buffers(model)  # .to(bfloat16) casts the rotary inv_freq too
+    return model
+
+
+def load_sharded_policy(
+    name_or_path: str, plan, dtype: str = "float32", seed: int = 0
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """``load_policy``'s model and tokenizer, sharded with FSDP2 by ``plan``
+    (``ibpo_lit.scale.fsdp2.FSDP2Plan``) without a full copy of the weights on any rank but
+    global rank 0 (which reads them once)."""
+    from ibpo_lit.scale.fsdp2 import build_sharded
+
+    torch_dtype = _torch_dtype(dtype)
+    if name_or_path in BUILTIN_MODELS:
+
+        def build_meta() -> PreTrainedModel:
+            return BUILTIN_MODELS[name_or_path](seed).to(torch_dtype)
+
+        def full_state_dict() -> dict[str, torch.Tensor]:
+            return build_builtin_model(name_or_path, dtype, seed).state_dict()
+
+        model = build_sharded(build_meta, full_state_dict, plan)
+        return model, build_tiny_tokenizer()
+
+    source = resolve_model_path(name_or_path)
+    with _hub_errors(source):
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        config = AutoConfig.from_pretrained(source)
+    disable_dropout(config)
+
+    def build_meta() -> PreTrainedModel:
+        return AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+
+    def full_state_dict() -> dict[str, torch.Tensor]:
+        with _hub_errors(source):
+            return AutoModelForCausalLM.from_pretrained(source, config=config, dtype=torch_dtype).state_dict()
+
+    model = build_sharded(build_meta, full_state_dict, plan)
+    disable_dropout(model)
+    _ensure_pad_token(tokenizer)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def model_context_length(name_or_path: str) -> Optional[int]:
+    """The model's ``max_position_embeddings``, read from its config alone (no weights, no
+    download); None when it cannot be read offline (a hub id not in the local cache, a fetched
+    model not fetched yet)."""
+    from ibpo_lit.models.smollm2 import is_complete, model_dir
+    from ibpo_lit.models.tiny import tiny_config
+
+    try:
+        if name_or_path in BUILTIN_MODELS:
+            config = tiny_config("qwen3" if "qwen3" in name_or_path else "llama")
+        elif name_or_path in FETCHED_MODELS:
+            if not is_complete(model_dir()):
+                return None
+            config = AutoConfig.from_pretrained(str(model_dir()))
+        else:
+            local = _looks_local(name_or_path)
+            path = os.path.expanduser(name_or_path) if local else name_or_path
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) else None
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:

@@ -83,7 +83,9 @@ def tiny_config(arch: str = "llama", vocab_size: int | None = None):
         num_attention_heads=2,
         num_key_value_heads=1,
         intermediate_size=128,
-        max_position_embeddings=2048,
+        # Character-level prompts are long (MBPP problems run to thousands of characters); the
+        # model has no learned positions (RoPE), so its nominal context costs nothing.
+        max_position_embeddings=8192,
         tie_word_embeddings=True,
         eos_token_id=eos_id,
         pad_token_id=eos_id,

@@ -38,7 +38,7 @@ class RolloutBatch:
     ) -> "RolloutBatch":
         """A batch from unpadded per-row lists (what engines outside torch, like vLLM, return)."""
         rows = len(responses)
-        lp = max(len(p) for p in prompts)
+        lp = max((len(p) for p in prompts), default=0)
         lr = max((len(r) for r in responses), default=0)
         prompt_ids = torch.full((rows, lp), pad_token_id, dtype=torch.long)
         prompt_mask = torch.zeros((rows, lp), dtype=torch.bool)
@@ -63,6 +63,11 @@ class RolloutBatch:
             seeds=torch.as_tensor(list(seeds), dtype=torch.long),
             finished=torch.as_tensor(list(finished), dtype=torch.bool),
         )
+
+    @staticmethod
+    def empty(pad_token_id: int = 0) -> "RolloutBatch":
+        """A batch of no rows (``generate`` with no prompts)."""
+        return RolloutBatch.from_lists([], [], [], [], [], [], pad_token_id)
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]

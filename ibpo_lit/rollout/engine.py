@@ -47,8 +47,6 @@ def check_generate_args(prompts: Sequence[Sequence[int]], n: int, seeds: Sequenc
     """What every engine's ``generate`` requires of its arguments (ValueError otherwise)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    if not prompts:
-        raise ValueError("generate needs at least one prompt")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     if len(seeds) != len(prompts) * n:
@@ -69,8 +67,12 @@ class RolloutEngine(ABC):
     ) -> RolloutBatch:
         """Sample ``n`` responses for each prompt.
 
+        Every rank of a multi-process run calls ``generate`` at the same points of a step, with
+        no prompts at all where it has none: under FSDP2 (HF engine) and vLLM tensor
+        parallelism a call is a collective.
+
         Args:
-            prompts: P prompts as unpadded token-id lists.
+            prompts: P prompts as unpadded token-id lists (P may be 0: an empty batch).
             n: Samples per prompt.
             seeds: One seed per response (length P * n). The same prompt, seed and weights
                 give the same response, whatever else is in the batch.

@@ -15,6 +15,12 @@ What is covered:
       decode steps after it cost nothing for it. Measured on SmolLM2, 2 prompts x 8 rows x
       128 tokens, fp32, 2 cores: 25.6 s -> 20.5 s for the same tokens.
 
+    * A policy sharded with FSDP2: its weights are gathered for the whole call
+      (``ibpo_lit.scale.fsdp2.gathered_weights``), so each decoding step runs without
+      collectives and ranks may decode different numbers of steps. Every rank must call
+      ``generate`` equally often (with no prompts where it has none): entering is a
+      collective. It needs one full copy of the weights per rank while it decodes.
+
 What is not covered:
     * Speed beyond that: one process, one batch, no continuous batching or paged attention.
       Use it for tests, small models and as the reference the faster engines are checked
@@ -45,6 +51,7 @@ from transformers.generation.logits_process import (
 from ibpo_lit.algorithms.logprobs import token_logprobs
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.rollout.engine import RolloutEngine, SamplingConfig, check_generate_args
+from ibpo_lit.scale.fsdp2 import gathered_weights
 
 
 class HFRolloutEngine(RolloutEngine):
@@ -57,6 +64,8 @@ class HFRolloutEngine(RolloutEngine):
         sampling: Default decoding settings; ``generate`` may override them per call.
         max_batch_size: Decode at most this many rows at once (bounds the KV cache);
             None decodes all P * n rows together. Results do not depend on it.
+        reshard_after_forward: For a model sharded with FSDP2: its decoder layers' setting,
+            restored after each call (see ``gathered_weights``).
     """
 
     def __init__(
@@ -66,6 +75,7 @@ class HFRolloutEngine(RolloutEngine):
         pad_token_id: int,
         sampling: SamplingConfig,
         max_batch_size: int | None = None,
+        reshard_after_forward: bool = True,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("HFRolloutEngine needs at least one eos_token_id")
@@ -76,6 +86,7 @@ class HFRolloutEngine(RolloutEngine):
         self.pad_token_id = int(pad_token_id)
         self.sampling = sampling
         self.max_batch_size = max_batch_size
+        self.reshard_after_forward = reshard_after_forward
 
     def generate(
         self,
@@ -88,17 +99,19 @@ class HFRolloutEngine(RolloutEngine):
         check_generate_args(prompts, n, seeds)
         rows = [list(p) for p in prompts for _ in range(n)]  # prompt-major
         seeds = [int(s) for s in seeds]
-        chunk = self.max_batch_size or len(rows)
+        chunk = self.max_batch_size or max(len(rows), 1)
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), gathered_weights(self.model, self.reshard_after_forward):
                 parts = [
                     self._generate_rows(rows[i : i + chunk], seeds[i : i + chunk], sampling)
                     for i in range(0, len(rows), chunk)
                 ]
         finally:
             self.model.train(was_training)
+        if not parts:
+            return RolloutBatch.empty(self.pad_token_id)
         batch = parts[0] if len(parts) == 1 else RolloutBatch.concat(parts, self.pad_token_id)
         prompt_index = torch.arange(len(prompts), device=batch.seeds.device)
         batch.group_index = prompt_index.repeat_interleave(n)

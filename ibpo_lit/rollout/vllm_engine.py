@@ -22,8 +22,19 @@ What is covered:
       When vLLM runs its engine core in another process (``VLLM_ENABLE_V1_MULTIPROCESSING=1``),
       tensors cannot cross as an iterator (they arrive as lists), so the weights are written as
       safetensors to a temporary directory and reloaded from there (``weights_path``).
-    * Sleep mode (GPU): ``sleep()`` frees the KV cache and offloads weights during the update,
-      ``wake_up()`` brings them back; a no-op on the CPU, where vLLM has no sleep mode.
+    * Several processes (``distributed_executor_backend: external_launcher``, what verl and
+      TRL's colocated mode use): every trainer rank hosts one vLLM worker; consecutive ranks
+      form a tensor-parallel group of ``tensor_parallel_size`` (vLLM's own layout), each group
+      one engine. vLLM requires every rank of a group to submit the same requests, so
+      ``generate`` first gathers the group's requests (over a gloo group of its own), runs
+      them all, and hands each rank its own rows back. With ``tensor_parallel_size: 1`` every
+      rank is an independent engine (data parallel). vLLM reads ``RANK`` and ``LOCAL_RANK``
+      from the environment: the caller exports them (``ibpo_lit.scale.launch_env``).
+    * Sleep mode (GPU): ``sleep(level)`` frees the KV cache (level 1 also offloads the weights
+      to CPU memory, level 2 discards them), ``wake_up(tags)`` brings back ``weights`` and
+      ``kv_cache`` separately, after emptying the CUDA cache, so weights can be reloaded
+      before the KV cache is allocated (the order verl and TRL use). No-ops on the CPU, where
+      vLLM has no sleep mode.
     * CPU specifics (vLLM's CPU build): ``VLLM_CPU_KVCACHE_SPACE`` (GiB; vLLM otherwise takes
       90% of RAM) and ``VLLM_CPU_OMP_THREADS_BIND`` are set from config unless the user's
       environment already sets them; the trainer's torch thread count is restored after vLLM
@@ -41,7 +52,7 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Literal, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -74,8 +85,12 @@ class VLLMConfig:
         cpu_omp_threads_bind: ``VLLM_CPU_OMP_THREADS_BIND`` (``nobind``, ``auto`` or e.g.
             ``0-1``), unless the environment sets it. ``nobind`` leaves the trainer's threads
             alone, which is what a colocated engine needs.
-        distributed_executor_backend: vLLM's executor; unset = vLLM's default.
-            ``external_launcher`` for tensor parallelism inside a torchrun job.
+        distributed_executor_backend: vLLM's executor; unset = vLLM's default in one process,
+            ``external_launcher`` in several (the only executor that lives inside the
+            trainer's processes).
+        load_format: How vLLM gets its start-up weights: ``dummy`` (random; the weight sync
+            replaces every tensor before the first rollout, so nothing is read from disk twice)
+            or ``auto`` (read the checkpoint).
         seed: vLLM's global seed (each response also has its own seed).
     """
 
@@ -90,6 +105,7 @@ class VLLMConfig:
     cpu_kvcache_space_gib: int = 2
     cpu_omp_threads_bind: str = "nobind"
     distributed_executor_backend: Optional[str] = None
+    load_format: Literal["dummy", "auto"] = "dummy"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -148,7 +164,31 @@ class VLLMRolloutEngine(RolloutEngine):
         self.sampling = sampling
         self.on_gpu = torch.cuda.is_available()
         self.last_sync_seconds = 0.0
+        self.asleep = 0  # the sleep level the engine is at (0 = awake)
+        self.weights_discarded = False  # asleep at level 2: the weights must be synced again
+        self._group, self._group_rank = self._request_group()
         self.llm = self._start(model_path, torch_dtype)
+
+    def _request_group(self):
+        """The gloo group of this rank's tensor-parallel group (consecutive ranks, as vLLM lays
+        them out) and its index in it; (None, 0) in one process or without tensor parallelism.
+        Every rank creates every group, in the same order (``new_group`` is a collective)."""
+        import torch.distributed as dist
+
+        tp = self.config.tensor_parallel_size
+        if tp == 1 or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return None, 0
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if world % tp:
+            raise ValueError(
+                f"rollout.vllm.tensor_parallel_size={tp} does not divide the {world} processes of the run"
+            )
+        mine = None
+        for start in range(0, world, tp):
+            group = dist.new_group(list(range(start, start + tp)), backend="gloo")
+            if start <= rank < start + tp:
+                mine = group
+        return mine, rank % tp
 
     # ------------------------------------------------------------------ start
     def _start(self, model_path: str, torch_dtype: str):
@@ -156,6 +196,14 @@ class VLLMRolloutEngine(RolloutEngine):
         # The engine core must run in this process for weights to cross as tensors (see
         # sync_weights); the user's environment wins where it says otherwise.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        backend = cfg.distributed_executor_backend
+        if _world_size() > 1:
+            if backend not in (None, "external_launcher"):
+                raise ValueError(
+                    f"rollout.vllm.distributed_executor_backend={backend!r} cannot run inside a "
+                    f"{_world_size()}-process trainer: use external_launcher (or leave it unset)"
+                )
+            backend = "external_launcher"
         if not self.on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kvcache_space_gib))
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cfg.cpu_omp_threads_bind)
@@ -177,11 +225,14 @@ class VLLMRolloutEngine(RolloutEngine):
             enforce_eager=(not self.on_gpu) if cfg.enforce_eager is None else cfg.enforce_eager,
             enable_prefix_caching=cfg.enable_prefix_caching,
             tensor_parallel_size=cfg.tensor_parallel_size,
+            load_format=cfg.load_format,
         )
+        if backend is not None:
+            kwargs["distributed_executor_backend"] = backend
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = cfg.enable_sleep_mode
-        for key in ("max_model_len", "max_num_seqs", "distributed_executor_backend"):
+        for key in ("max_model_len", "max_num_seqs"):
             if getattr(cfg, key) is not None:
                 kwargs[key] = getattr(cfg, key)
         llm = LLM(**kwargs)
@@ -200,11 +251,38 @@ class VLLMRolloutEngine(RolloutEngine):
         seeds: Sequence[int],
         sampling: SamplingConfig | None = None,
     ) -> RolloutBatch:
+        sampling = sampling or self.sampling
+        check_generate_args(prompts, n, seeds)
+        if self._group is None:
+            return self._generate(prompts, n, seeds, sampling)
+        # Tensor parallelism: the group's ranks run the group's requests together.
+        import torch.distributed as dist
+
+        parts: list = [None] * dist.get_world_size(self._group)
+        dist.all_gather_object(parts, ([list(map(int, p)) for p in prompts], [int(x) for x in seeds], n, sampling),
+                               group=self._group)
+        if any(part[2] != n or part[3] != sampling for part in parts):
+            raise RuntimeError("ranks of one vLLM tensor-parallel group asked for different n or sampling settings")
+        batch = self._generate([p for part in parts for p in part[0]], n, [x for part in parts for x in part[1]], sampling)
+        start = sum(len(part[0]) for part in parts[: self._group_rank]) * n
+        if not prompts:
+            return RolloutBatch.empty(self.pad_token_id)
+        mine = batch.select(torch.arange(start, start + len(prompts) * n))
+        mine.group_index = mine.group_index - mine.group_index.min()
+        return mine
+
+    def _generate(
+        self, prompts: Sequence[Sequence[int]], n: int, seeds: Sequence[int], sampling: SamplingConfig
+    ) -> RolloutBatch:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        sampling = sampling or self.sampling
-        check_generate_args(prompts, n, seeds)
+        if not prompts:
+            return RolloutBatch.empty(self.pad_token_id)
+        if self.asleep:
+            if self.weights_discarded:
+                raise RuntimeError("the vLLM engine dropped its weights (sleep level 2): sync them before generating")
+            self.wake_up()
         rows = [list(map(int, p)) for p in prompts for _ in range(n)]  # prompt-major
         params = [
             SamplingParams(
@@ -244,6 +322,7 @@ class VLLMRolloutEngine(RolloutEngine):
         """Load the policy's weights (checkpoint-format names, e.g. ``model.layers.0...``),
         consumed lazily one tensor at a time, then drop the stale prefix cache."""
         start = time.perf_counter()
+        self.wake_up(["weights"])  # before the KV cache: the weights are loaded with room to spare
         if self.in_process:
             self.llm.collective_rpc(
                 "reload_weights", kwargs={"weights_iterator": named_tensors, "is_checkpoint_format": True}
@@ -256,16 +335,49 @@ class VLLMRolloutEngine(RolloutEngine):
                 save_file(tensors, os.path.join(folder, "model.safetensors"))
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder, "is_checkpoint_format": True})
         self.llm.collective_rpc(_refresh_lm_heads)
+        self.wake_up(["kv_cache"])
+        self.weights_discarded = False
         self.llm.reset_prefix_cache()
         self.last_sync_seconds = time.perf_counter() - start
 
-    def sleep(self) -> None:
-        if self.on_gpu and self.config.enable_sleep_mode:
-            self.llm.sleep(level=1)
+    @property
+    def can_sleep(self) -> bool:
+        return self.on_gpu and self.config.enable_sleep_mode
 
-    def wake_up(self) -> None:
-        if self.on_gpu and self.config.enable_sleep_mode:
-            self.llm.wake_up()
+    def sleep(self, level: int = 1) -> None:
+        """Free the KV cache; level 1 offloads the weights to CPU memory, level 2 drops them
+        (cheaper when a weight sync will replace them anyway)."""
+        if not self.can_sleep or self.asleep:
+            return
+        self.llm.sleep(level=level)
+        self.asleep = level
+        self.weights_discarded = level == 2
+
+    def wake_up(self, tags: Optional[Sequence[str]] = None) -> None:
+        """Bring back ``weights``, ``kv_cache`` or (None) both; empties the CUDA cache first so
+        the trainer's freed blocks are available to vLLM."""
+        if not self.can_sleep or not self.asleep:
+            return
+        torch.cuda.empty_cache()
+        self.llm.wake_up(tags=list(tags) if tags is not None else None)
+        if tags is None or "kv_cache" in tags:
+            self.asleep = 0
+
+    def close(self) -> None:
+        """Shut the engine down while the process groups it uses still exist."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        shutdown = getattr(engine_core, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _refresh_lm_heads(worker) -> int:

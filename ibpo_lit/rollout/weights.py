@@ -1,30 +1,39 @@
-"""The policy's full weights, one tensor at a time, whatever shards them.
+"""The policy's full weights, one tensor at a time, under their checkpoint names.
 
-A rollout engine needs every weight whole and under its checkpoint name
-(``model.layers.0.self_attn.q_proj.weight``), while the trainer may hold them sharded.
-``iter_full_weights`` yields ``(name, tensor)`` lazily, so a consumer that copies each tensor
-before asking for the next (vLLM's ``load_weights`` does) never holds more than a few
-gathered tensors at once:
+A rollout engine loads weights the way it loads a checkpoint: every tensor whole, under the
+name the model's files use (``model.layers.0.self_attn.q_proj.weight``), while the trainer may
+hold them sharded and in its own layout. ``iter_full_weights`` yields ``(name, tensor)``
+lazily, so a consumer that copies each tensor before asking for the next (vLLM's
+``load_weights`` does) never holds more than a few gathered tensors at once:
 
 * plain tensors (one process, DDP): yielded as they are, no copy;
-* FSDP2 / ``DTensor`` parameters: ``full_tensor()`` gathers one parameter;
-* FSDP1 (``FullyShardedDataParallel``, Lightning's ``FSDPStrategy``): each FSDP unit is
-  unsharded on its own (``summon_full_params(unit, recurse=False)``) and its parameters are
-  cloned out before it is resharded, so only one unit (about one decoder layer) is whole at
-  a time. Every rank must iterate (the gathers are collectives).
+* FSDP2 / ``DTensor`` parameters: ``full_tensor()`` gathers one parameter (a collective: every
+  rank must iterate, in the same order, which ``named_parameters`` guarantees). The root
+  unit's parameters (embeddings, final norm, LM head) are parameters like any other here.
+* checkpoint layout: transformers 5 keeps some weights in a layout of its own, e.g. a
+  mixture-of-experts layer's experts packed into 3-D tensors (``mlp.experts.gate_up_proj``)
+  where checkpoints and vLLM's loader have one tensor per expert and projection
+  (``mlp.experts.3.gate_proj.weight``). Each tensor goes through transformers' own
+  ``revert_weight_conversion`` (what ``save_pretrained`` uses), so the engine receives the
+  names and shapes of the model's files.
 
-Names are cleaned of the wrappers' prefixes (``_fsdp_wrapped_module.``,
-``_checkpoint_wrapped_module.``, ``_orig_mod.``). Tied weights appear once, under the first
-name (``lm_head.weight`` of a tied model is skipped, as in its checkpoint).
+Names are cleaned of wrappers' prefixes (``_checkpoint_wrapped_module.``, ``_orig_mod.``).
+Tied weights appear once, under the first name (a tied model's ``lm_head.weight`` is skipped, as
+in its checkpoint). Non-persistent buffers (rotary ``inv_freq``) are not weights.
+
+`SyncManifest` records what one pass yielded, so a caller can check that every parameter of the
+model reached the engine (one stale tensor, such as an embedding the iterator never reached,
+would otherwise go unnoticed by a short probe at a small learning rate).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
 from torch import Tensor
 
-_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.", "module.")
+_WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.", "module.")
 
 
 def clean_name(name: str) -> str:
@@ -33,18 +42,80 @@ def clean_name(name: str) -> str:
     return name
 
 
-def iter_full_weights(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
-    """``(checkpoint name, full tensor)`` for every parameter and persistent buffer of ``model``."""
-    fsdp_units = _fsdp_units(model)
-    if fsdp_units:
-        yield from _iter_fsdp1(model, fsdp_units)
-        return
+@dataclass
+class SyncManifest:
+    """What one pass of `iter_full_weights` yielded."""
+
+    expected: set[str] = field(default_factory=set)  # the model's tensor names (its own layout)
+    sent_model_names: set[str] = field(default_factory=set)  # of those, the ones yielded
+    sent: list[str] = field(default_factory=list)  # the names the engine received (checkpoint layout)
+
+    def missing(self) -> list[str]:
+        """The model's tensors that were not yielded (an incomplete sync)."""
+        return sorted(self.expected - self.sent_model_names)
+
+
+def expected_tensor_names(model: torch.nn.Module) -> set[str]:
+    """Every parameter and persistent buffer of ``model``, tied ones once (its own layout)."""
+    return {clean_name(name) for name, _ in _unique_tensors(model)}
+
+
+def iter_full_weights(model: torch.nn.Module, manifest: SyncManifest | None = None) -> Iterator[tuple[str, Tensor]]:
+    """``(checkpoint name, full tensor)`` for every parameter and persistent buffer of
+    ``model``; fills ``manifest`` (if given) as it goes."""
+    if manifest is not None:
+        manifest.expected = expected_tensor_names(model)
+    for name, tensor in _unique_tensors(model):
+        name = clean_name(name)
+        full = _full(tensor).detach()
+        if manifest is not None:
+            manifest.sent_model_names.add(name)
+        for out_name, out_tensor in to_checkpoint_layout(model, name, full):
+            if manifest is not None:
+                manifest.sent.append(out_name)
+            yield out_name, out_tensor
+
+
+def to_checkpoint_layout(model: torch.nn.Module, name: str, tensor: Tensor) -> list[tuple[str, Tensor]]:
+    """``[(name, tensor), ...]`` of one of ``model``'s tensors in its checkpoint's layout: the
+    same pair for most, one per expert and projection for packed experts."""
+    revert = _reverter(model)
+    if revert is None:
+        return [(name, tensor)]
+    converted = revert(model, {name: tensor})
+    return list(converted.items())
+
+
+def _reverter(model: torch.nn.Module):
+    """transformers' ``revert_weight_conversion`` when the model has weight conversions (None
+    for models loaded as stored, and outside transformers)."""
+    if not hasattr(model, "config"):
+        return None
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4: weights are stored as they are named
+        return None
+    has = getattr(model, "_ibpo_has_conversions", None)
+    if has is None:
+        conversions = getattr(model, "_weight_conversions", None)
+        if conversions is None:
+            try:
+                conversions = get_model_conversion_mapping(model, add_legacy=False)
+            except Exception:  # noqa: BLE001 - an architecture transformers maps no conversion for
+                conversions = None
+        has = bool(conversions)
+        model._ibpo_has_conversions = has
+    return revert_weight_conversion if has else None
+
+
+def _unique_tensors(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
     seen: set[int] = set()
     for name, tensor in _named_tensors(model):
         if id(tensor) in seen:  # tied weights: once
             continue
         seen.add(id(tensor))
-        yield clean_name(name), _full(tensor).detach()
+        yield name, tensor
 
 
 def _named_tensors(module: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
@@ -58,31 +129,3 @@ def _named_tensors(module: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
 def _full(tensor: Tensor) -> Tensor:
     full_tensor = getattr(tensor, "full_tensor", None)  # DTensor (FSDP2, tensor parallel)
     return full_tensor() if callable(full_tensor) else tensor
-
-
-def _fsdp_units(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    except ImportError:  # torch built without distributed
-        return []
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, FSDP)]
-
-
-def _iter_fsdp1(model: torch.nn.Module, units) -> Iterator[tuple[str, Tensor]]:
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    unit_names = [name for name, _ in units]
-    seen: set[str] = set()
-    for unit_name, unit in units:
-        nested = [n for n in unit_names if n != unit_name and n.startswith(unit_name + "." if unit_name else "")]
-        with FSDP.summon_full_params(unit, writeback=False, recurse=False):
-            for name, tensor in unit.named_parameters():
-                full_name = f"{unit_name}.{name}" if unit_name else name
-                if any(full_name.startswith(n + ".") for n in nested):
-                    continue  # owned by an inner unit, gathered with it
-                cleaned = clean_name(full_name)
-                if cleaned in seen:
-                    continue
-                seen.add(cleaned)
-                # Clone: the unsharded storage is freed when the unit reshards.
-                yield cleaned, tensor.detach().clone()
