@@ -10,7 +10,7 @@ from ibpo_lit.__main__ import main
 
 CONFIGS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "configs", "*.yaml")))
 # Configs for GPU clusters cannot build their Trainer here: tests/test_scale_configs.py covers them.
-GPU_CONFIGS = ("qwen3_32b.yaml", "qwen3_next_80b.yaml")
+GPU_CONFIGS = ("qwen3_32b.yaml", "qwen3_next_80b.yaml", "qwen2p5_1p5b_gsm8k_1gpu.yaml", "qwen3_8b_8gpu.yaml")
 CPU_CONFIGS = [c for c in CONFIGS if os.path.basename(c) not in GPU_CONFIGS]
 MBPP = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mbpp_full.jsonl")
 TINY = os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.yaml")

@@ -82,3 +82,50 @@ def test_buckets_cover_every_row_once_in_length_order(overhead):
 def test_buckets_minimise_padding_plus_overhead():
     # sorted lengths 2, 2, 10, 10: two buckets cost 2*2 + 2*10 + 2*3 = 30; one costs 4*10 + 3 = 43
     assert [b.tolist() for b in _length_buckets(torch.tensor([10, 2, 10, 2]), overhead_tokens=3)] == [[1, 3], [0, 2]]
+
+
+@pytest.mark.parametrize("single_pass", [False, True])
+@pytest.mark.parametrize("chunk_tokens", [1, 7, 10_000])
+def test_chunked_head_gives_the_full_logits_result(model, batch, single_pass, chunk_tokens):
+    """The LM head in chunks (recomputed in backward): the same log-probs and gradient."""
+    expected, expected_grads = logp_and_grads(model, _per_row_logprobs, batch)
+
+    def chunked(m, b, t):
+        return response_logprobs(m, b, t, single_pass=single_pass, chunk_tokens=chunk_tokens)
+
+    got, grads = logp_and_grads(model, chunked, batch)
+    mask = batch.response_mask
+    assert (got - expected)[mask].abs().max() < 1e-5
+    for g, e in zip(grads, expected_grads):
+        assert torch.allclose(g, e, rtol=1e-4, atol=1e-6)
+    assert "forward" not in model.lm_head.__dict__  # the head is itself again afterwards
+
+
+def test_chunks_bound_the_logits_that_exist_at_once(model, batch):
+    """With chunks of 8 positions the head never sees more than 8 rows of hidden states."""
+    seen = []
+    original = torch.nn.Linear.forward
+
+    def spy(self, x):
+        if self is model.lm_head:
+            seen.append(x.shape[0] if x.dim() == 2 else x.shape[0] * x.shape[1])
+        return original(self, x)
+
+    torch.nn.Linear.forward = spy
+    try:
+        logp_and_grads(model, lambda m, b, t: response_logprobs(m, b, t, single_pass=True, chunk_tokens=8), batch)
+    finally:
+        torch.nn.Linear.forward = original
+    assert seen and max(seen) <= 8
+    # forward chunks and their recomputation in backward
+    positions = batch.response_ids.numel()
+    assert sum(seen) == 2 * positions
+
+
+def test_models_that_transform_logits_keep_the_full_head():
+    from ibpo_lit.policy_logprobs import head_is_last
+
+    model = build_tiny_model(seed=0)
+    assert head_is_last(model)
+    model.config.final_logit_softcapping = 30.0
+    assert not head_is_last(model)

@@ -79,7 +79,7 @@ def test_debug_env_keeps_the_traceback(tmp_path, monkeypatch):
         (["--model.rollout.num_mini_batches", "64"], "model.rollout.num_mini_batches=64 exceeds the 16 responses"),
         (["--model.rollout.backend", "vllm"], "model.rollout.backend='vllm' samples from a separate copy"),
         (["--trainer.max_steps", "-1"], "set trainer.max_steps (or model.optim.total_steps)"),
-        (["--ckpt_path", "/no/such/last.ckpt"], "ckpt_path: no such checkpoint file: /no/such/last.ckpt"),
+        (["--ckpt_path", "/no/such/last.ckpt"], "ckpt_path: no such checkpoint: /no/such/last.ckpt"),
         (["--model.optim.lr", "0"], "optim.lr must be > 0, got 0"),
         (["--trainer.gradient_clip_val", "1.0"], "Automatic gradient clipping is not supported for manual optimization"),
     ],

@@ -1,5 +1,6 @@
 """The correction callback's pure pieces: reference choice and the prompt it builds."""
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -73,3 +74,50 @@ def test_code_correction_prompt_shows_both_candidates_as_code():
     assert "Here is my try" not in text  # only the code is shown
     math_text = cb.correction_prompt_text("1+1?", "2", "3", None)
     assert "```" not in math_text and "final answer" in math_text
+
+
+def test_reference_draws_follow_the_global_row_whatever_the_split():
+    """Two ranks drawing their halves of a batch pick what one process drawing all of it picks."""
+    rewards = [1, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 1, 0]
+    groups = [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
+    whole = dict(CorrectionRollouts.choose_references(rewards, groups, seed=5, step=7))
+    halves = {}
+    for rank in (0, 1):
+        part = slice(8 * rank, 8 * rank + 8)
+        local_groups = [g - 2 * rank for g in groups[part]]
+        for i, ref in CorrectionRollouts.choose_references(rewards[part], local_groups, seed=5, step=7, rank=rank):
+            halves[i + 8 * rank] = ref + 8 * rank
+    assert halves == whole and len(whole) == 11
+
+
+class _CharTokenizer:
+    """One token per character (enough for the length arithmetic of the truncation)."""
+
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=True):
+        return SimpleNamespace(input_ids=[ord(c) for c in text])
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def test_long_correction_prompts_are_cut_in_the_middle_of_each_candidate():
+    tok = _CharTokenizer()
+    prompt = SimpleNamespace(problem="What is 6 x 7?", meta={}, task="math")
+    attempt = "START-A " + "a" * 2000 + " the answer is 41 #### 41"
+    reference = "START-B " + "b" * 3000 + " the answer is 42 #### 42"
+    cb = CorrectionRollouts()
+    full, _ = cb.bounded_prompt_ids(tok, prompt, attempt, reference, budget=None)
+    ids, truncated = cb.bounded_prompt_ids(tok, prompt, attempt, reference, budget=1500)
+    assert truncated and len(ids) <= 1500 < len(full)
+    text = tok.decode(ids)
+    for kept in ("START-A", "#### 41", "START-B", "#### 42", "What is 6 x 7?"):
+        assert kept in text  # the openings, the final answers and the problem survive
+    assert text.count("tokens omitted") == 2
+    assert cb.bounded_prompt_ids(tok, prompt, attempt, reference, budget=len(full)) == (full, False)
+    skipping = CorrectionRollouts(on_long_prompt="skip")
+    assert skipping.bounded_prompt_ids(tok, prompt, attempt, reference, budget=1500) == (None, False)
+    assert cb.bounded_prompt_ids(tok, prompt, attempt, reference, budget=10) == (None, False)  # no room at all
+    with pytest.raises(ValueError, match="on_long_prompt"):
+        CorrectionRollouts(on_long_prompt="cut")

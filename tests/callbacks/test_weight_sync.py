@@ -104,3 +104,85 @@ def test_probe_every_n_syncs_checks_the_first_sync_of_a_fit_then_every_nth(tiny_
     assert probed == [1, 4, 6] and sync.last_probed and sync.last_probe_mismatch < 1e-4
     with pytest.raises(ValueError, match="probe_every_n_syncs"):
         VLLMWeightSync(probe_every_n_syncs=0)
+
+
+def test_every_tensor_reaches_the_engine_one_at_a_time(tiny_vllm):
+    """Perturb one tensor of the policy at a time (embedding, every projection and norm, the
+    final norm, the tied head): after a sync the engine's log-probs follow the trainer's each
+    time, so no tensor is left stale. A sync that skipped any one of them would leave the
+    engine on the old value of that tensor: the mismatch would stay large."""
+    engine, model, tokenizer = tiny_vllm
+    sync = VLLMWeightSync(probe_tokens=12, probe_tolerance=0.01)
+    names = [name for name, _ in iter_full_weights(model)]
+    assert "model.embed_tokens.weight" in names and "model.norm.weight" in names
+    try:
+        for name in names:
+            changed = copy.deepcopy(model)
+            with torch.no_grad():
+                tensor = changed.get_parameter(name)
+                tensor.add_(torch.randn(tensor.shape, generator=torch.Generator().manual_seed(0)) * 0.5)
+            stale = module_like(engine, changed, tokenizer, version=1)
+            with pytest.raises(StaleWeightsError):
+                sync.check_probe(stale)  # the engine has not seen the change yet
+            sync.sync_engine(None, stale)
+            assert sync.last_probe_mismatch < 1e-4, name
+    finally:
+        engine.sync_weights(iter_full_weights(model))
+
+
+class _RecordingEngine:
+    """An engine that records what it is asked; vLLM's sleep mode exists only on GPUs."""
+
+    can_sleep = True
+
+    def __init__(self, consume_all=True):
+        self.calls, self.asleep, self.weights_discarded, self.consume_all = [], 0, False, consume_all
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+        self.asleep, self.weights_discarded = level, level == 2
+
+    def sync_weights(self, named):
+        self.calls.append(("sync",))
+        for i, _ in enumerate(named):
+            if not self.consume_all and i == 2:
+                break
+        self.asleep, self.weights_discarded = 0, False
+
+
+def _module(engine, model, version, num_mini_batches=1):
+    m = module_like(engine, model, None, version=version)
+    m.rollout_cfg = SimpleNamespace(num_mini_batches=num_mini_batches)
+    return m
+
+
+def test_sleep_drops_the_weights_only_when_a_sync_follows():
+    from ibpo_lit.models import build_tiny_model
+
+    model = build_tiny_model(seed=0)
+    engine = _RecordingEngine()
+    every_step = VLLMWeightSync(every_n_steps=1, probe_tokens=0)
+    every_step.synced_version = 0
+    every_step.on_before_update(None, _module(engine, model, 0), None)
+    assert engine.calls == [("sleep", 2)]  # this update's weights will be synced: drop the old ones
+
+    engine = _RecordingEngine()
+    lagging = VLLMWeightSync(every_n_steps=3, probe_tokens=0)
+    lagging.synced_version = 0
+    lagging.on_before_update(None, _module(engine, model, 0), None)
+    assert engine.calls == [("sleep", 1)]  # the engine keeps sampling these weights afterwards
+
+    # A skipped (non-finite) step leaves the version as it was, but dropped weights are synced anyway.
+    engine = _RecordingEngine()
+    every_step.on_before_update(None, _module(engine, model, 0), None)
+    trainer = SimpleNamespace(loggers=[], global_step=1)
+    every_step.on_train_batch_end(trainer, _module(engine, model, 0), None, None, 0)
+    assert engine.calls == [("sleep", 2), ("sync",)]
+
+
+def test_a_sync_that_does_not_send_every_tensor_is_an_error():
+    from ibpo_lit.models import build_tiny_model
+
+    sync = VLLMWeightSync(probe_tokens=0)
+    with pytest.raises(StaleWeightsError, match="did not send"):
+        sync.sync_engine(None, _module(_RecordingEngine(consume_all=False), build_tiny_model(seed=0), 0))

@@ -22,7 +22,9 @@ def main(out_path: str, folder: str) -> None:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     start = time.perf_counter()
-    config = VLLMConfig(dtype="float32", cpu_kvcache_space_gib=1, max_model_len=256, enforce_eager=False)
+    # load_format auto: this probe samples before its first sync (the trainer never does).
+    config = VLLMConfig(dtype="float32", cpu_kvcache_space_gib=1, max_model_len=256, enforce_eager=False,
+                        load_format="auto")
     engine = VLLMRolloutEngine(folder, [2], 2, SamplingConfig(max_new_tokens=16), config)
     start_s = time.perf_counter() - start
 

@@ -1,0 +1,65 @@
+"""Checks that need a CUDA device (skipped on the CPU): FSDP2 with bf16 mixed precision on one
+GPU, the chunked log-prob head on the GPU, and scripts/gpu_check.py itself."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fit_runs import REPO, fit_env
+
+pytestmark = pytest.mark.gpu
+
+
+def test_fsdp2_bf16_mixed_keeps_fp32_master_weights_and_gradients(tmp_path):
+    """One GPU, FSDP2Strategy, precision bf16-mixed: the trained model's parameters and
+    gradients stay fp32 (FSDP2 casts the gathered copies), the step is finite."""
+    code = r"""
+import json, sys, torch, lightning as L
+from ibpo_lit.module import IBPOModule
+from ibpo_lit.config import AlgorithmConfig
+from ibpo_lit.data.datamodule import PromptDataModule
+from ibpo_lit.scale import FSDP2Strategy
+class Probe(L.Callback):
+    def on_train_batch_end(self, trainer, m, *a):
+        p = next(m.policy.parameters())
+        self.out = {"param": str(p.dtype), "grad_norm": float(trainer.callback_metrics["train/grad_norm"]),
+                    "compute": str(m.policy.lm_head.weight.dtype)}
+probe = Probe()
+t = L.Trainer(accelerator="gpu", devices=1, strategy=FSDP2Strategy(), precision="bf16-mixed", max_steps=2,
+              logger=False, enable_checkpointing=False, enable_progress_bar=False, callbacks=[probe])
+t.fit(IBPOModule(model="tiny-qwen3", algorithm=AlgorithmConfig(ibpo="none")), PromptDataModule(tokenizer="tiny-qwen3"))
+json.dump(probe.out, open(sys.argv[1], "w"))
+"""
+    out = tmp_path / "out.json"
+    done = subprocess.run([sys.executable, "-c", code, str(out)], cwd=REPO, env=fit_env(), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["param"] == "torch.float32"
+    assert result["grad_norm"] == result["grad_norm"]  # finite
+
+
+def test_chunked_head_on_the_gpu_matches_full_logits():
+    from ibpo_lit.models import build_tiny_model
+    from ibpo_lit.policy_logprobs import response_logprobs
+    from ibpo_lit.rollout import HFRolloutEngine, SamplingConfig
+
+    model = build_tiny_model(seed=0).cuda()
+    batch = HFRolloutEngine(model, [2], 2, SamplingConfig(max_new_tokens=24)).generate([[5, 6, 7], [8, 9]], n=4,
+                                                                                    seeds=range(8))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        full = response_logprobs(model, batch, 1.0)
+        chunked = response_logprobs(model, batch, 1.0, single_pass=True, chunk_tokens=16)
+    mask = batch.response_mask
+    assert (full - chunked)[mask].abs().max() < 0.05  # bf16 compute, two code paths
+
+
+def test_gpu_check_runs_on_the_gpu(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--shapes", "tiny", "--steps", "1", "--out", str(out)],
+                          cwd=REPO, env=fit_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (result,) = json.loads(out.read_text())
+    assert result["peak_memory_gib"] > 0 and result["step_s"] > 0

@@ -1,0 +1,73 @@
+"""A 2-process FSDP2 run killed with SIGKILL and resumed from ``--ckpt_path last`` ends where
+an unbroken run ends: the same rollouts, the same draws from every rank's global generator
+(each rank's state is saved, not only rank 0's), the same metrics and the same weights.
+
+The kill hits every process of the run at once (its process group), as a scheduler's does; a
+kill during a save leaves the previous checkpoint, since a sharded checkpoint is published by
+one atomic rename of ``last.ckpt`` (tests/scale/test_checkpoint_publish.py).
+"""
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from fit_runs import CORRECTIONS, callbacks, read_ranks, recorder, run_fit, scalars, scripted, start_fit
+
+N = 4
+WALL_CLOCK = ("timing/", "train/tokens_per_s", "compute/", "rollout/sync_s")
+
+
+def _step_of(last) -> int:
+    try:
+        return int(torch.load(last / "meta.pt", map_location="cpu", weights_only=False)["global_step"])
+    except (OSError, RuntimeError, EOFError, KeyError, ValueError):
+        return 0
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_equals_an_unbroken_sharded_run(tmp_path):
+    args = ("--trainer.max_steps", str(N))
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    run_fit("tiny_fsdp.yaml", straight, *args,
+            "--trainer.callbacks", callbacks(scripted("hash"), CORRECTIONS, recorder(straight)))
+
+    cbs = callbacks(scripted("hash"), CORRECTIONS, recorder(killed))
+    proc = start_fit("tiny_fsdp.yaml", killed, *args, "--trainer.callbacks", cbs)
+    last = killed / "checkpoints" / "last.ckpt"
+    try:
+        deadline = time.monotonic() + 300
+        while _step_of(last) < N // 2:
+            assert proc.poll() is None, (killed / "fit.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint at step N/2 within 300 s"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)  # every rank, no teardown, no final save
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    killed_at = _step_of(last)
+    assert N // 2 <= killed_at < N, killed_at
+    assert not (killed / "rank0.json").exists()  # it really died before the end
+
+    run_fit("tiny_fsdp.yaml", killed, *args, "--trainer.callbacks", cbs, "--ckpt_path", "last")
+
+    a, b = read_ranks(straight, 2), read_ranks(killed, 2)
+    for rank in (0, 1):
+        replayed = {r["step"]: r for r in b[rank]["rollouts"]}
+        assert min(replayed) == killed_at and max(replayed) == N - 1
+        for r in a[rank]["rollouts"]:
+            if r["step"] in replayed:
+                assert r == replayed[r["step"]], (rank, r["step"])  # tokens, seeds, rewards, draws
+    assert a[0]["rollouts"][-1]["draw"] != a[1]["rollouts"][-1]["draw"][:1]  # ranks' generators differ
+    wa, wb = torch.load(straight / "weights.pt"), torch.load(killed / "weights.pt")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa), max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+
+    logged_a, logged_b = scalars(straight), scalars(killed)
+    assert all(g > 0 for g in logged_a["train/grad_norm"].values())
+    for tag, expected in logged_a.items():
+        if tag.startswith(WALL_CLOCK):
+            continue
+        got = logged_b[tag]
+        assert {s: expected[s] for s in got if s in expected} == {s: got[s] for s in got if s in expected}, tag
