@@ -89,6 +89,15 @@ def main(out_dir: str) -> None:
     out["grad_norm_reference"] = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in ref_grads.values()])))
     out["is_sharded"] = is_sharded(model)
 
+    # 5. gradient checkpointing on the sharded model (recomputation re-gathers each layer)
+    model.zero_grad()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    logp = response_logprobs(model, batch, 0.9, single_pass=True, chunk_tokens=5)
+    (logp * mask).sum().backward()
+    ckpt_grads = {n: full(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+    out["checkpointed_grad_max_diff"] = max(float((ckpt_grads[n] - ref_grads[n]).abs().max()) for n in ref_grads)
+
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
     dist.barrier()
     dist.destroy_process_group()

@@ -64,6 +64,27 @@ def test_sharded_logprobs_and_gradients_match_the_reference(checks):
     assert checks[0]["grad_norm"] == checks[1]["grad_norm"]  # a global norm, the same on every rank
 
 
+@pytest.mark.slow
+def test_gradient_checkpointing_under_fsdp2_gives_the_same_gradient(checks):
+    for rank in checks:
+        assert rank["checkpointed_grad_max_diff"] < 1e-5
+
+
+def test_rank_variables_are_exported_whatever_launched_the_run(monkeypatch):
+    """Lightning's launcher and srun leave RANK unset; vLLM's external launcher reads it."""
+    from ibpo_lit.scale.launch_env import export_rank_env
+
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    cluster = SimpleNamespace(main_address="node-0", main_port=29511)
+    trainer = SimpleNamespace(global_rank=5, local_rank=1, world_size=8,
+                              strategy=SimpleNamespace(num_processes=4, cluster_environment=cluster))
+    export_rank_env(trainer)
+    assert [os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")] == [
+        "5", "1", "8", "4", "node-0", "29511"]
+
+
 # ----------------------------------------------------------------- one process
 def test_publish_replaces_the_link_atomically_and_cleans_up(tmp_path):
     target = tmp_path / "last.ckpt"
