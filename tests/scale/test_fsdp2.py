@@ -75,7 +75,11 @@ def test_rank_variables_are_exported_whatever_launched_the_run(monkeypatch):
     from ibpo_lit.scale.launch_env import export_rank_env
 
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(key, raising=False)
+        # setenv first so that monkeypatch records the key and removes what export_rank_env
+        # writes: delenv of an absent key records nothing, and a leaked RANK=5 makes every
+        # later Lightning run in this pytest process think it is rank 5 of 8.
+        monkeypatch.setenv(key, "unset")
+        monkeypatch.delenv(key)
     monkeypatch.setenv("SLURM_PROCID", "5")
     cluster = SimpleNamespace(main_address="node-0", main_port=29511)
     trainer = SimpleNamespace(global_rank=5, local_rank=1, world_size=8,
