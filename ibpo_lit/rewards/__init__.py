@@ -31,6 +31,7 @@ from ibpo_lit.rewards.math import (
     math_scores,
 )
 from ibpo_lit.rewards.pool import RewardPool
+from ibpo_lit.rewards.sandbox.isolation import SandboxUnavailable
 from ibpo_lit.rewards.sandbox.pool import SandboxPool
 
 REWARDS: dict[str, RewardFn] = {
@@ -59,6 +60,7 @@ __all__ = [
     "RewardPool",
     "SandboxError",
     "SandboxPool",
+    "SandboxUnavailable",
     "code_reward",
     "code_score",
     "extract_code",

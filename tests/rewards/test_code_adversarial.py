@@ -5,8 +5,10 @@ training goes on (the good program passes while the bad one misbehaves). After e
 process whose command line names the run (or the case's own marker) is left, the run's cgroups
 are gone, and the sentinel files are intact.
 
-Cases that rely on the OS (namespaces, the uid drop) are skipped where `detect_isolation` does
-not find them; the forgery cases run everywhere, since the verdict is the judge's whatever the OS.
+Cases that rely on the OS (bwrap's namespaces, the per-run uid) are skipped where the caller is
+not root; the forgery cases run everywhere, since the verdict is the judge's whatever the OS.
+The attack classes of issue 17 (forged passes, unscorable instead of wrong, judge memory, state
+across runs, survivors, trust in the data) are in test_code_attacks.py.
 """
 import hashlib
 import os
@@ -24,6 +26,7 @@ GOOD = "def add(a, b):\n    return a + b\n"
 TESTS = ["assert add(1, 2) == 3", "assert add(-4, 9) == 5"]
 BAD_TIMEOUT_S = 1.5
 SENTINEL = Path(__file__).resolve().parents[1] / "fixtures" / "livecodebench_sample.jsonl"
+ENTRY = ("add",)
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +39,13 @@ def pool():
 @pytest.fixture(scope="module")
 def isolated():
     iso = detect_isolation()
-    if not (iso.network and iso.pidns and iso.drop_to is not None):
-        pytest.skip(f"needs network and PID namespaces and the uid drop; missing: {iso.gaps}")
+    if not (iso.bwrap and iso.per_run_uid):
+        pytest.skip(f"needs bwrap and a per-run uid (root); missing: {iso.gaps}")
     return iso
 
 
-def _gold(tests=TESTS, timeout_s=BAD_TIMEOUT_S):
-    return CodeTests(tests=tests, timeout_s=timeout_s).to_gold()
+def _gold(tests=TESTS, timeout_s=BAD_TIMEOUT_S, entries=ENTRY, memory_mb=None):
+    return CodeTests(tests=tests, timeout_s=timeout_s, remote=entries, memory_mb=memory_mb).to_gold()
 
 
 def _processes_naming(token: str) -> list[int]:
@@ -57,17 +60,19 @@ def _processes_naming(token: str) -> list[int]:
     return found
 
 
-def _contained(pool, program, statuses, tests=TESTS, marker=None, proofs=()):
+def _contained(pool, program, statuses, tests=TESTS, marker=None, proofs=(), entries=ENTRY, timeout_s=BAD_TIMEOUT_S,
+               memory_mb=None):
     """Run ``program`` beside a good one; check the score, the status and what is left behind.
 
     ``proofs`` are tests that must pass, showing that the attack really ran (they come first);
-    the reward is still 0, since the other tests fail.
+    the reward is still 0, since the other tests fail. ``entries``: the names the tests take
+    from the program.
     """
     digest = hashlib.sha256(SENTINEL.read_bytes()).hexdigest()
     start = time.monotonic()
-    gold = _gold([*proofs, *tests])
+    gold = _gold([*proofs, *tests], timeout_s, entries, memory_mb)
     bad, good = pool.run([(program, gold), (GOOD, _gold(timeout_s=30))])
-    assert time.monotonic() - start < BAD_TIMEOUT_S + 15
+    assert time.monotonic() - start < timeout_s + 15
     assert good is not None and good.status == "pass", "the pool must keep scoring good programs"
     assert bad is not None, "a hostile program is the program's failure, never unscorable"
     assert bad.tests[:len(proofs)] == ("pass",) * len(proofs), ("the attack did not run", bad.detail)
@@ -80,6 +85,7 @@ def _contained(pool, program, statuses, tests=TESTS, marker=None, proofs=()):
     assert not (marker and _processes_naming(marker)), "a process the program started outlived it"
     for parent in detect_isolation().cgroups.values():
         assert not os.path.exists(os.path.join(parent, bad.run_id))
+        assert not os.path.exists(os.path.join(parent, bad.run_id + "-judge"))
     assert hashlib.sha256(SENTINEL.read_bytes()).hexdigest() == digest
     return bad
 
@@ -146,7 +152,7 @@ def test_injecting_names_into_the_judge(pool):
     )
     gold = CodeTests(tests=["assert close_enough(add(1, 2), 3)", "assert math.isclose(add(1, 2), 3)"],
                      prelude="def close_enough(got, want):\n    return abs(got - want) < 1e-9\n",
-                     timeout_s=BAD_TIMEOUT_S).to_gold()
+                     timeout_s=BAD_TIMEOUT_S, remote=ENTRY).to_gold()
     (result,) = pool.run([(program, gold)])
     assert result.tests == ("fail", "fail"), result.detail
 
@@ -154,7 +160,7 @@ def test_injecting_names_into_the_judge(pool):
 def test_stop_iteration_cannot_cut_a_test_short(pool):
     program = "def add(a, b):\n    raise StopIteration\n"
     gold = CodeTests(tests=["assert all(map(lambda ab: add(*ab) == sum(ab), [(1, 2), (3, 4)]))"],
-                     timeout_s=BAD_TIMEOUT_S).to_gold()
+                     timeout_s=BAD_TIMEOUT_S, remote=ENTRY).to_gold()
     (result,) = pool.run([(program, gold)])
     assert result.passed == 0, result.detail
 
@@ -166,8 +172,11 @@ def test_infinite_loops_in_python_and_in_c(pool):
 
 
 def test_memory_hog(pool):
-    _contained(pool, "x = bytearray(8 << 30)\n", {"memory"})
-    _contained(pool, "chunks = []\nwhile True:\n    chunks.append(bytearray(10 ** 7))\n", {"memory"})
+    # 128 MB reached in 13 steps, with 10 s to do it: under load the limit is still hit long
+    # before the clock (at 1 GB and 1.5 s, a starved run timed out first).
+    _contained(pool, "x = bytearray(8 << 30)\n", {"memory"}, timeout_s=10, memory_mb=128)
+    _contained(pool, "chunks = []\nwhile True:\n    chunks.append(bytearray(10 ** 7))\n", {"memory"}, timeout_s=10,
+               memory_mb=128)
 
 
 # ------------------------------------------------------------------ escaping the sandbox (needs the OS)
@@ -188,22 +197,26 @@ def test_disk_filler(pool, isolated):
 
 
 def test_deleting_and_writing_files_outside(pool, isolated, tmp_path):
+    """The host's files are out of sight (the checkout, wherever it lives, /tmp included) or
+    read-only (the interpreter, /usr); what the program writes lands in its own tmpfs."""
     mine = tmp_path / "sentinel.txt"
     mine.write_text("keep me")
     program = (
-        "import os, shutil\n"
-        f"targets = [{str(SENTINEL)!r}, {str(mine)!r}]\n"
+        "import os, shutil, sys\n"
+        f"targets = [{str(SENTINEL)!r}, {str(mine)!r}, os.__file__, '/usr/bin/env']\n"
         "for t in targets:\n"
         "    for action in (os.remove, lambda p: open(p, 'w').write('pwned'), lambda p: shutil.rmtree(os.path.dirname(p))):\n"
         "        try:\n            action(t)\n        except Exception:\n            pass\n"
-        f"for d in ({str(SENTINEL.parent)!r}, '/etc', '/root', '/work'):\n"
+        f"for d in ({str(SENTINEL.parent)!r}, {str(tmp_path)!r}, '/', '/etc', '/usr', '/root', '/work', sys.prefix):\n"
         "    try:\n        open(os.path.join(d, 'pwned'), 'w').write('x')\n    except Exception:\n        pass\n"
-        "def add(a, b):\n    return os.path.exists(targets[0]) and open(targets[0]).read() == 'pwned'\n"
-        "def sees_the_sentinel():\n    return os.path.exists(targets[0])\n"
+        "def add(a, b):\n    return os.path.exists(targets[0]) or os.path.exists(targets[1])\n"
+        "def intact():\n    return os.path.exists(targets[2]) and os.path.exists(targets[3])\n"
+        "def writes_its_own_tmp():\n    open('/tmp/mine', 'w').write('x')\n    return open('/tmp/mine').read() == 'x'\n"
     )
-    _contained(pool, program, {"fail"}, proofs=["assert sees_the_sentinel()"])
+    _contained(pool, program, {"fail"}, proofs=["assert intact() and writes_its_own_tmp()"],
+               entries=("add", "intact", "writes_its_own_tmp"))
     assert mine.read_text() == "keep me"
-    assert not any((d / "pwned").exists() for d in (SENTINEL.parent, Path("/etc"), Path("/root"), Path("/work")))
+    assert not any((d / "pwned").exists() for d in (SENTINEL.parent, tmp_path, Path("/etc"), Path("/root"), Path("/work")))
 
 
 def test_reading_the_trainers_environment(pool, isolated, monkeypatch):
@@ -226,7 +239,7 @@ def test_reading_the_trainers_environment(pool, isolated, monkeypatch):
         "    return hits[0][hits[0].index('ibpo-secret-'):][:len('ibpo-secret-') + 16] if hits else None\n"
     )
     _contained(pool, program, {"fail"}, tests=[f"assert leak() == {secret!r}"],
-               proofs=["assert len(sources()) > 5 and leak() is None"])
+               proofs=["assert len(sources()) > 5 and leak() is None"], entries=("sources", "leak"))
 
 
 def test_opening_a_network_connection(pool, isolated):
@@ -248,7 +261,7 @@ def test_opening_a_network_connection(pool, isolated):
         "def has_sockets():\n    return socket.socket().fileno() > 0\n"
     )
     try:
-        _contained(pool, program, {"fail"}, proofs=["assert has_sockets()"])
+        _contained(pool, program, {"fail"}, proofs=["assert has_sockets()"], entries=("add", "has_sockets"))
         with pytest.raises(socket.timeout):
             listener.accept()
     finally:
@@ -272,7 +285,7 @@ def test_spawning_processes_that_linger(pool, isolated, spawn):
         f"    return [p for p in os.listdir('/proc') if p.isdigit() and b'{marker}' in open(f'/proc/{{p}}/cmdline', 'rb').read()]\n"
         "def add(a, b):\n    return 0\n"
     )
-    _contained(pool, program, {"fail"}, marker=marker, proofs=["assert lingering()"])
+    _contained(pool, program, {"fail"}, marker=marker, proofs=["assert lingering()"], entries=("add", "lingering"))
     assert not Path(f"/tmp/{marker}").exists()
 
 
@@ -284,49 +297,18 @@ def test_ctypes(pool, isolated):
         "    return a + b if libc.setuid(0) == 0 and libc.setgid(0) == 0 else None\n"
         "def getuid():\n    return libc.getuid()\n"
     )
-    _contained(pool, program, {"fail"}, proofs=["assert getuid() == 65534"])
+    _contained(pool, program, {"fail"}, proofs=["assert getuid() >= 2 ** 20"], entries=("add", "getuid"))
     _contained(pool, "import ctypes\nctypes.string_at(0)\n", {"error"})  # a segfault
 
 
 def test_killing_the_parent(pool, isolated):
     program = (
         "import os, signal\n"
-        f"for pid in (os.getppid(), {os.getpid()}, {os.getppid()}, 1, 0, -1):\n"
+        f"for pid in (os.getppid(), {os.getpid()}, {os.getppid()}, 1, -1):  # not 0: its own group is suicide\n"
         "    try:\n        os.kill(pid, signal.SIGKILL)\n    except Exception:\n        pass\n"
-        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
-        "    try:\n        os.kill(int(pid), signal.SIGKILL)\n    except Exception:\n        pass\n"
+        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"  # all but itself (bwrap's init among them)
+        "    try:\n        int(pid) != os.getpid() and os.kill(int(pid), signal.SIGKILL)\n    except Exception:\n        pass\n"
         "def add(a, b):\n    return 0\n"
         "def alive():\n    return True\n"
     )
-    _contained(pool, program, {"fail", "error"}, proofs=["assert alive()"])
-
-
-def test_killing_the_trainer_mid_run_leaves_nothing(isolated):
-    import subprocess
-    import sys
-
-    from ibpo_lit.rewards.sandbox import isolation
-
-    marker = f"ibpo-orphan-{secrets.token_hex(4)}"
-    program = f"import subprocess, time\nsubprocess.Popen(['sh', '-c', 'sleep 1000; true', '{marker}'])\ntime.sleep(1000)\n"
-    # The script goes in on stdin, so the marker is on no command line but the sandbox's.
-    script = (f"import sys\nsys.path[:0] = {sys.path!r}\nfrom ibpo_lit.rewards import run_tests\n"
-              f"run_tests({program!r}, ['assert 1'], timeout_s=60)\n")
-    trainer = subprocess.Popen([sys.executable, "-"], stdin=subprocess.PIPE)
-    trainer.stdin.write(script.encode())
-    trainer.stdin.close()
-    try:
-        deadline = time.monotonic() + 30
-        while not _processes_naming(marker):
-            assert time.monotonic() < deadline and trainer.poll() is None, "the sandbox never started"
-            time.sleep(0.05)
-    finally:
-        trainer.kill()
-        trainer.wait()
-    deadline = time.monotonic() + 3
-    while _processes_naming(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _processes_naming(marker), "the sandbox outlived the trainer"
-    isolation._cgroup_parents()  # what the next trainer does first: remove the dead one's cgroups
-    for parent in isolated.cgroups.values():
-        assert not [d for d in os.listdir(parent) if d.startswith(f"{trainer.pid}-")]
+    _contained(pool, program, {"fail", "error"}, proofs=["assert alive()"], entries=("add", "alive"))

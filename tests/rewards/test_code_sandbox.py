@@ -18,29 +18,31 @@ from ibpo_lit.rewards import (
     run_code_tests,
     run_tests,
 )
-from ibpo_lit.rewards.sandbox.isolation import Isolation, detect_isolation
+from ibpo_lit.rewards.code import probe
+from ibpo_lit.rewards.sandbox.isolation import Isolation, SandboxUnavailable, detect_isolation
 from ibpo_lit.rewards.sandbox.judge import free_names, module_names, outputs_match
 from ibpo_lit.rewards.sandbox.wire import WireError, decode, encode, read_frame, write_frame
 
 ADD = "def add(a, b):\n    return a + b\n"
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-4, 9) == 5", "assert add('a', 'b') == 'ab'"]
+ENTRY = {"remote": ("add",)}
 
 
 # ------------------------------------------------------------------ scores and statuses
 def test_pass_fail_and_fraction():
-    r = run_tests(ADD, ADD_TESTS)
+    r = run_tests(ADD, ADD_TESTS, **ENTRY)
     assert (r.passed, r.total, r.status, r.tests) == (3, 3, "pass", ("pass", "pass", "pass"))
     assert r.fraction == 1.0 and r.seconds < 5 and r.run_id
     # a + b + 1 fails the two int tests and raises on the str test: 0 of 3, first non-pass is "fail"
-    r = run_tests("def add(a, b):\n    return a + b + 1\n", ADD_TESTS)
+    r = run_tests("def add(a, b):\n    return a + b + 1\n", ADD_TESTS, **ENTRY)
     assert (r.passed, r.status, r.tests) == (0, "fail", ("fail", "fail", "error"))
-    assert code_score("def add(a, b):\n    return a + b if isinstance(a, int) else 'x'\n", ADD_TESTS) == 2 / 3
+    assert code_score("def add(a, b):\n    return a + b if isinstance(a, int) else 'x'\n", ADD_TESTS, **ENTRY) == 2 / 3
 
 
 def test_markdown_completion_is_extracted():
     completion = f"Here it is:\n```python\n{ADD}```\nThat should work. ```\nnot code\n```"
-    assert code_score(completion, ADD_TESTS) == 1.0
-    assert code_score(completion, ADD_TESTS, extract=False) == 0.0  # the raw text does not compile
+    assert code_score(completion, ADD_TESTS, **ENTRY) == 1.0
+    assert code_score(completion, ADD_TESTS, extract=False, **ENTRY) == 0.0  # the raw text does not compile
 
 
 @pytest.mark.parametrize(
@@ -55,49 +57,58 @@ def test_markdown_completion_is_extracted():
     ],
 )
 def test_statuses(program, status):
-    r = run_tests(program, ADD_TESTS, timeout_s=1.5)
+    r = run_tests(program, ADD_TESTS, timeout_s=1.5, **ENTRY)
     assert (r.passed, r.status) == (0, status), r.detail
 
 
 def test_stop_at_first_failure_counts_the_rest_as_not_run():
-    r = run_tests("def add(a, b):\n    return 3\n", ADD_TESTS, stop_at_first_failure=True)
+    r = run_tests("def add(a, b):\n    return 3\n", ADD_TESTS, stop_at_first_failure=True, **ENTRY)
     assert r.tests == ("pass", "fail", "not_run") and r.passed == 1
 
 
 def test_broken_tests_are_unscorable_not_zero():
-    with pytest.raises(SandboxError, match="bad prelude or tests"):
-        run_tests(ADD, ["assert add(1, 2) =="])
-    assert code_score(ADD, ["assert add(1, 2) =="]) is None
+    with pytest.raises(SandboxError, match="bad prelude, setup or tests"):
+        run_tests(ADD, ["assert add(1, 2) =="], **ENTRY)
+    assert code_score(ADD, ["assert add(1, 2) =="], **ENTRY) is None
     with pytest.raises(ValueError, match="tests must not be empty"):
-        run_tests(ADD, [])
+        run_tests(ADD, [], **ENTRY)
+    # A name nothing defines is the tests' fault, found before the program runs.
+    with pytest.raises(SandboxError, match=r"names that .* define.*\['Fraction'\]"):
+        run_tests(ADD, ["assert add(1, 2) == Fraction(3, 1)"], **ENTRY)
+    with pytest.raises(ValueError, match="need `remote`"):
+        run_tests(ADD, ADD_TESTS)
 
 
 # ------------------------------------------------------------------ gold strings and the reward
 def test_gold_roundtrip_and_validation():
-    spec = CodeTests(tests=ADD_TESTS, setup="x = 1", prelude="import math", remote=("add",), timeout_s=3.0)
+    spec = CodeTests(tests=ADD_TESTS, setup="x = 1", suffix="import math", prelude="import math", remote=("add",),
+                     timeout_s=3.0)
     assert CodeTests.from_gold(spec.to_gold()) == spec
-    assert json.loads(spec.to_gold())["v"] == 1
+    assert json.loads(spec.to_gold())["v"] == 2
+    old = json.loads(spec.to_gold()) | {"v": 1}
+    with pytest.raises(ValueError, match="format 1 .* rebuild it"):
+        CodeTests.from_gold(json.dumps(old))
     with pytest.raises(ValueError, match="kind must be one of"):
         CodeTests(kind="java", tests=ADD_TESTS)
     with pytest.raises(ValueError, match="stdin tests must be"):
         CodeTests(kind="stdin", tests=["assert 1"])
-    for bad in ("not json", "[1]", '{"tests": ["assert 1"]}', '{"v": 1, "tests": ["assert 1"], "oops": 1}'):
+    for bad in ("not json", "[1]", '{"tests": ["assert 1"]}', '{"v": 2, "tests": ["assert 1"], "oops": 1}'):
         with pytest.raises(ValueError):
             CodeTests.from_gold(bad)
 
 
 def test_code_reward_is_registered_and_binary_by_default():
     assert get_reward("code") is code_reward is REWARDS["code"]
-    gold = CodeTests(tests=ADD_TESTS).to_gold()
+    gold = CodeTests(tests=ADD_TESTS, **ENTRY).to_gold()
     half = "def add(a, b):\n    return a + b if isinstance(a, int) else 'x'\n"
     assert code_reward(ADD, gold) == 1.0
     assert code_reward(half, gold) == 0.0  # METHOD.md: 1 correct, 0 wrong
-    assert code_reward(half, CodeTests(tests=ADD_TESTS, reward="fraction").to_gold()) == 2 / 3
+    assert code_reward(half, CodeTests(tests=ADD_TESTS, reward="fraction", **ENTRY).to_gold()) == 2 / 3
     assert code_reward(ADD, "not a gold") is None
 
 
 def test_code_reward_runs_in_a_reward_pool_worker():
-    gold = CodeTests(tests=ADD_TESTS).to_gold()
+    gold = CodeTests(tests=ADD_TESTS, **ENTRY).to_gold()
     with RewardPool("code", num_workers=1, timeout_s=60) as pool:
         assert pool.score([(ADD, gold), ("def add(a, b):\n    return 0\n", gold)]) == [1.0, 0.0]
 
@@ -121,27 +132,30 @@ def test_values_handles_and_shadowed_builtins():
         "assert big() == (3 ** 200, float('inf'), {(1, 2): frozenset({b'x'})}, 1 + 2j)",
         "b = make(4)\nassert b.v == 4 and b.items == [4, 4] and len(b) == 2 and str(b) == 'Box(4)'",
         "b = make(1)\nb.v = 9\nassert fill(b).v == 7 and b.v == 7",
-        "assert make(1) != make(1) and make(1) != 1",  # handles compare by identity only
+        "b = make(1)\nassert b is b and b in [b] and len({b: 1, make(2): 2}) == 2",  # the judge's identity
         "assert sum(3, 4) == 12",
         "assert math.isclose(sum(0.5, 0.5), 0.25)",  # math: the judge's own module
     ]
-    r = run_tests(program, tests, remote=("sum",))
+    r = run_tests(program, tests, remote=("gen", "counts", "big", "make", "fill", "sum"))
     assert r.tests == ("pass",) * len(tests), r.detail
+    # A value that stays in the program cannot be compared: such a test fails, whatever its ==.
+    compared = ["assert make(1) == make(1)", "assert make(1) != make(2)", "assert make(1) != 1"]
+    assert run_tests(program, compared, remote=("make",)).tests == ("fail",) * 3
 
 
-def test_setup_runs_after_the_program_and_prelude_in_the_judge():
+def test_setup_runs_in_the_judge_on_the_programs_classes():
     program = "class Node:\n    def __init__(self, v):\n        self.v, self.left = v, None\n" \
               "def depth(n):\n    return 0 if n is None else 1 + depth(n.left)\n"
     setup = "root = Node(1)\nroot.left = Node(2)\nroot.left.left = Node(3)\n"
     r = run_tests(program, ["assert depth(root) == 3", "assert helper(2) == 4"], setup=setup,
-                  prelude="def helper(x):\n    return x * 2\n")
+                  prelude="def helper(x):\n    return x * 2\n", remote=("Node", "depth"))
     assert r.tests == ("pass", "pass"), r.detail
 
 
 def test_program_exceptions_keep_their_builtin_type():
     program = "def parse(s):\n    return int(s)\n"
     tests = ["try:\n    parse('x')\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError"]
-    assert run_tests(program, tests).status == "pass"
+    assert run_tests(program, tests, remote=("parse",)).status == "pass"
 
 
 # ------------------------------------------------------------------ stdin tests
@@ -184,7 +198,7 @@ def test_outputs_match(got, expected, same):
 
 # ------------------------------------------------------------------ pool
 def test_sandbox_pool_counts_statuses_and_keeps_order():
-    gold = CodeTests(tests=ADD_TESTS, timeout_s=1.5).to_gold()
+    gold = CodeTests(tests=ADD_TESTS, timeout_s=1.5, **ENTRY).to_gold()
     pairs = [
         (ADD, gold),
         ("def add(a, b):\n    return 0\n", gold),
@@ -221,6 +235,20 @@ def test_wire_roundtrip_gives_exact_builtin_types():
             decode(bad, _no_ref)
 
 
+def test_decoding_is_bounded_in_items_and_depth():
+    from ibpo_lit.rewards.sandbox.wire import MAX_DEPTH
+
+    flat = encode(list(range(100)), _no_other)
+    assert decode(flat, _no_ref, max_items=101) == list(range(100))  # the list itself is an item
+    with pytest.raises(WireError, match="too many items"):
+        decode(flat, _no_ref, max_items=100)
+    nested = []
+    for _ in range(MAX_DEPTH + 1):
+        nested = [nested]
+    with pytest.raises(WireError, match="nested deeper"):
+        decode(encode(nested, _no_other), _no_ref)
+
+
 def test_frames_refuse_oversize():
     r, w = os.pipe()
     try:
@@ -250,27 +278,29 @@ def _no_ref(tag, value, data):
 
 # ------------------------------------------------------------------ isolation
 def test_without_os_isolation_the_verdict_is_still_the_judges():
-    iso = Isolation()
-    assert any("network is NOT isolated" in gap for gap in iso.gaps)
-    assert run_tests(ADD, ADD_TESTS, isolation=iso).status == "pass"
+    iso = Isolation.none()
+    assert any("no namespaces" in gap for gap in iso.gaps)
+    assert run_tests(ADD, ADD_TESTS, isolation=iso, **ENTRY).status == "pass"
     r = run_tests("class E:\n    def __eq__(self, o):\n        return True\ndef add(a, b):\n    return E()\n",
-                  ADD_TESTS, isolation=iso, timeout_s=2)
+                  ADD_TESTS, isolation=iso, timeout_s=2, **ENTRY)
     assert r.passed == 0
-    assert run_tests("def add(a, b):\n    while True: pass\n", ADD_TESTS, isolation=iso, timeout_s=1).status == "timeout"
+    looping = run_tests("def add(a, b):\n    while True: pass\n", ADD_TESTS, isolation=iso, timeout_s=1, **ENTRY)
+    assert looping.status == "timeout"
 
 
 def _slow_start(seconds: float) -> Isolation:
-    """No OS isolation, and a start-up delayed by ``seconds``: the argv prefix that would enter
-    the namespaces sleeps, then runs the sandbox's interpreter (a loaded machine, made exact)."""
-    return Isolation(unshare=("/bin/sh", "-c", f'sleep {seconds}; exec "$@"', "sh"))
+    """No OS isolation, and a start-up delayed by ``seconds``: a launcher before the sandbox's
+    interpreter sleeps, then runs it (a loaded machine, made exact)."""
+    return Isolation.none(launcher=("/bin/sh", "-c", f'sleep {seconds}; exec "$@"', "sh"))
 
 
 def test_a_slow_start_is_not_the_programs_time():
     # Start-up (2 s) longer than the program's limit (1 s): the limit starts when the sandbox is ready.
-    r = run_tests(ADD, ADD_TESTS, isolation=_slow_start(2), timeout_s=1)
+    r = run_tests(ADD, ADD_TESTS, isolation=_slow_start(2), timeout_s=1, **ENTRY)
     assert r.status == "pass", r.detail
     assert r.seconds >= 2  # the delay really happened
-    looping = run_tests("def add(a, b):\n    while True: pass\n", ADD_TESTS, isolation=_slow_start(2), timeout_s=1)
+    looping = run_tests("def add(a, b):\n    while True: pass\n", ADD_TESTS, isolation=_slow_start(2), timeout_s=1,
+                        **ENTRY)
     assert looping.status == "timeout"  # and the program's own limit still holds
 
 
@@ -278,18 +308,31 @@ def test_a_sandbox_that_never_starts_is_the_judges_failure():
     from ibpo_lit.rewards.sandbox.judge import START_LIMIT_S
 
     with pytest.raises(SandboxError, match=f"did not start within {START_LIMIT_S:.0f} s"):
-        run_tests(ADD, ADD_TESTS, isolation=_slow_start(START_LIMIT_S + 1), timeout_s=1)
+        run_tests(ADD, ADD_TESTS, isolation=_slow_start(START_LIMIT_S + 1), timeout_s=1, **ENTRY)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the full sandbox needs root here")
+def test_an_unusable_sandbox_is_a_clear_error():
+    broken = Isolation(bwrap="/bin/false")  # a bwrap that cannot create anything
+    with pytest.raises(SandboxUnavailable, match="cannot run on this host.*bubblewrap.*docs/sandbox.md"):
+        probe(broken)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the per-run uid needs root")
 def test_detected_isolation_as_root():
     iso = detect_isolation()
-    if not iso.pidns:
-        pytest.skip("unshare with PID and network namespaces is not available")
-    assert iso.network and iso.mount and iso.drop_to == 65534
-    program = ("import os, socket\n"
+    assert iso.bwrap and iso.per_run_uid
+    program = ("import os\n"
                "def who():\n    return os.getuid(), os.getgid(), os.getgroups(), os.getcwd(), sorted(os.environ)\n"
-               "def pids():\n    return [p for p in os.listdir('/proc') if p.isdigit()]\n")
-    r = run_tests(program, ["assert who() == (65534, 65534, [], '/tmp', "
-                            "['HOME', 'LANG', 'LC_ALL', 'OMP_NUM_THREADS', 'PATH'])", "assert pids() == ['1']"])
-    assert r.status == "pass", r.detail
+               "def pids():\n    return sorted(p for p in os.listdir('/proc') if p.isdigit())\n"
+               "def root():\n    return sorted(os.listdir('/'))\n")
+    tests = ["uid, gid, groups, cwd, env = who()\nassert uid == gid >= 2 ** 20 and groups == [] and cwd == '/tmp'",
+             "assert who()[4] == ['HOME', 'LANG', 'LC_ALL', 'OMP_NUM_THREADS', 'PATH', 'PWD']",
+             "assert pids() == ['1', '2']",  # bwrap's init and the program: nothing of the host
+             "assert set(root()) <= {'bin', 'dev', 'etc', 'lib', 'lib32', 'lib64', 'libx32', 'proc', 'root', 'sbin', "
+             "'tmp', 'usr'}"]
+    uids = []
+    for _ in range(2):
+        r = run_tests(program, [*tests, "uid = who()[0]\nassert False, str(uid)"], remote=("who", "pids", "root"))
+        assert r.tests == ("pass",) * 4 + ("fail",), r.detail
+        uids.append(int(r.detail.rsplit(" ", 1)[-1]))
+    assert uids[0] != uids[1]  # a fresh uid per run: no kernel state keyed by uid carries over

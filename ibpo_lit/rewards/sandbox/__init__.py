@@ -1,6 +1,6 @@
 """The code sandbox's parts; the public API is `ibpo_lit.rewards.code`.
 
-- ``isolation.py``: what the OS allows (namespaces, uid drop, cgroups), probed once.
+- ``isolation.py``: what the OS allows (bwrap, a per-run uid, cgroups), found and probed once.
 - ``judge.py``: the trusted interpreter that runs the tests (started by `run_tests`).
 - ``box.py``: the judge's side of one sandbox: start it, send it requests, kill it.
 - ``child.py``: the sandboxed interpreter that confines itself and runs the program.

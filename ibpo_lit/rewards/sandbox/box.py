@@ -3,19 +3,20 @@
 Runs in the judge (source text after wire.py, before judge.py; standard library only).
 
 What is covered:
-- `Sandbox.start`: ``[unshare ...] python -I -S -c <child source> PLAN`` in a new session, with
-  the rlimits, the cgroup membership and a parent-death signal applied between fork and exec
-  (safe: the judge is single-threaded), SIGALRM held off during the spawn, and the child's
-  "ready" awaited. A child that dies or says "fatal" before it is ready is an `InfraError`.
+- `Sandbox.start`: ``bwrap ... -- python -I -S -c <child source> PLAN`` (`bwrap_argv`) in a new
+  session, with the rlimits, the cgroup membership and a parent-death signal applied between
+  fork and exec (safe: the judge is single-threaded), SIGALRM held off during the spawn, and the
+  child's "ready" awaited. A child that dies or says "fatal" before it is ready is an `InfraError`.
 - `Sandbox.op`: one request, one reply, matched by sequence number; the reply decoded as data
-  (wire.py) or re-raised here as the program's exception: a builtin exception type by name
-  (so ``except ValueError`` in a test works), else `RemoteError`; ``remote_type`` names it. EOF,
-  an oversized or malformed reply ends the conversation (`ProgramGone`).
+  (wire.py, bounded in bytes, items and depth) or re-raised here as the program's exception: a
+  builtin exception type by name (so ``except ValueError`` in a test works), else `RemoteError`;
+  ``remote_type`` names it. EOF, an oversized or malformed reply ends the conversation
+  (`ProgramGone`); a reply of the wrong type for ``len``/``str``/``bool``/``in``/iteration is a
+  `BadReply`; a reply too big for the judge's memory is the program's MemoryError.
 - `Remote`: a handle to a value that stays in the program; calls, attributes, items, ``len``,
-  ``str``, ``bool``, ``in`` and iteration are requests. It equals only itself (the judge
-  cannot see inside, and does not ask the program).
-- `Sandbox.close`: SIGKILL the PID namespace's init (the wrapper then reaps it), then the
-  wrapper's process group; empty the run's cgroups; remove the fallback work directory.
+  ``str``, ``bool``, ``in`` and iteration are requests. Comparing one fails the test.
+- `Sandbox.close`: SIGKILL bwrap's process group (its init is the PID namespace's pid 1, whose
+  death kills every process of the program), then empty the run's cgroups.
 """
 import builtins
 import ctypes
@@ -83,20 +84,13 @@ class Sandbox:
 
     def start(self):
         """Spawn the sandbox and wait for its "ready"; a failure here is the judge's (InfraError)."""
-        iso, spec = self.run.spec["isolation"], self.run.spec
-        if not iso["mount"]:
-            self.workdir = tempfile.mkdtemp(prefix="ibpo-sandbox-")
-            if iso["drop_to"] is not None:
-                os.chown(self.workdir, iso["drop_to"], iso["drop_to"])
+        spec = self.run.spec
         c_r, self.w = os.pipe()
         self.r, c_w = os.pipe()
-        plan = {
-            "mode": self.mode, "fds": [c_r, c_w], "mount": iso["mount"], "drop_to": iso["drop_to"],
-            "tmpfs_mb": spec["tmpfs_mb"], "prefixes": [sys.base_prefix, sys.base_exec_prefix],
-            "workdir": self.workdir, "parent": None if iso["pidns"] else os.getpid(),
-            "max_frame": self.max_frame, "run_id": spec["run_id"],
-        }
-        argv = [*iso["unshare"], spec["python"], "-I", "-S", "-c", spec["child_src"], json.dumps(plan)]
+        plan = {"mode": self.mode, "fds": [c_r, c_w], "max_frame": self.max_frame,
+                "workdir": None if spec["isolation"]["bwrap"] else self._workdir()}
+        argv = [*spec["isolation"]["launcher"], *bwrap_argv(spec),
+                spec["python"], "-I", "-S", "-c", spec["child_src"], json.dumps(plan)]
         piped = subprocess.PIPE if self.mode == "stdin" else subprocess.DEVNULL
         limits, procs = self.run.limits, self.run.cgroup_procs
         old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])  # no Deadline mid-spawn
@@ -117,6 +111,11 @@ class Sandbox:
         if msg != ["ready"]:
             raise InfraError(f"sandbox failed to start: {msg[-1]}")
 
+    def _workdir(self):
+        """Without namespaces the program needs a private working directory on the host."""
+        self.workdir = tempfile.mkdtemp(prefix="ibpo-sandbox-")
+        return self.workdir
+
     def op(self, name, target=None, args=(), kwargs=None):
         """One request; the decoded reply, or the program's exception raised here."""
         self.seq += 1
@@ -125,11 +124,13 @@ class Sandbox:
             reply = read_frame(self.r, self.max_frame)
         except (EOFError, OSError, WireError) as e:
             raise ProgramGone(str(e)) from None
+        except MemoryError:  # a reply within the frame limit that still did not fit: the program's
+            raise _remote_exception("MemoryError", "the reply did not fit in the judge's memory") from None
         if not (isinstance(reply, list) and len(reply) >= 3 and reply[0] == self.seq):
             raise ProgramGone("reply out of protocol")
         if reply[1] == "ok":
             try:
-                return decode(reply[2], self._ref)
+                return decode(reply[2], self._ref, self.run.spec["max_items"])
             except (WireError, RecursionError, TypeError) as e:
                 raise ProgramGone(f"undecodable reply: {e}") from None
         if reply[1] == "raise" and len(reply) == 4 and all(isinstance(x, str) for x in reply[2:]):
@@ -137,9 +138,17 @@ class Sandbox:
         raise ProgramGone("reply out of protocol")
 
     def _ref(self, tag, value, data):
-        if tag != "h" or not isinstance(value, int):
+        if tag != "h" or not isinstance(value, int) or isinstance(value, bool):
             raise WireError(f"unexpected {tag!r} reference from the program")
         return Remote(self, {"h": value}, str(data.get("t", "object"))[:80])
+
+    def typed(self, want, name, target, *args):
+        """`op` whose reply must be of type ``want`` (``len`` an int, ``str`` a str, ...): a
+        program that answers otherwise broke the protocol."""
+        value = self.op(name, target, args)
+        if type(value) is not want or (want is int and value < 0):
+            raise BadReply(f"{name} answered a {type(value).__name__}, not a {want.__name__}")
+        return value
 
     def send_program(self, source):
         write_frame(self.w, source)
@@ -174,18 +183,11 @@ class Sandbox:
             return None
 
     def close(self):
+        """SIGKILL the sandbox: bwrap's process group (bwrap's own init is the PID namespace's
+        pid 1, so its death takes every process of the program with it), then the cgroups."""
         if self.proc is not None:
-            if self.proc.poll() is None and self.run.spec["isolation"]["pidns"]:
-                # Kill the namespace's init first: the kernel kills the rest, and the wrapper reaps
-                # it and exits, so no zombie is left for the host's init.
-                for pid in _children(self.proc.pid):
-                    _kill(pid)
-                try:
-                    self.proc.wait(timeout=1.0)
-                except subprocess.TimeoutExpired:
-                    pass
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # the wrapper's group (and the program, if no PID namespace)
+                os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             self.proc.wait()
@@ -201,12 +203,41 @@ class Sandbox:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def _children(pid):
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except (OSError, ValueError):
+def bwrap_argv(spec):
+    """``bwrap ... --`` for one sandbox: every namespace new, nothing of the host writable, and of
+    the host's files only what the interpreter needs (its prefix, /usr and the libraries' links);
+    the prefix's site-packages hidden (the trainer's dependencies are not the program's). Empty
+    without bwrap (`Isolation.none`)."""
+    iso = spec["isolation"]
+    if not iso["bwrap"]:
         return []
+    tmpfs = str(spec["tmpfs_mb"] << 20)
+    argv = [iso["bwrap"], "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--hostname", "sandbox"]
+    if spec.get("uid") is not None:
+        argv += ["--uid", str(spec["uid"]), "--gid", str(spec["uid"])]
+    argv += ["--ro-bind", "/usr", "/usr"]
+    for path in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", path, path]
+    if os.path.isfile("/etc/ld.so.cache"):  # where the dynamic loader finds multiarch libraries
+        argv += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    for prefix in spec["prefixes"]:
+        if not _under(prefix, "/usr"):
+            argv += ["--ro-bind", prefix, prefix]
+    for hidden in spec["hidden"]:
+        argv += ["--tmpfs", hidden]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", tmpfs, "--tmpfs", "/tmp",
+             "--size", tmpfs, "--tmpfs", "/dev/shm", "--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
+    for key, value in _ENV.items():
+        argv += ["--setenv", key, value]
+    return [*argv, "--"]
+
+
+def _under(path, root):
+    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _kill(pid):
@@ -245,8 +276,21 @@ def _remote_exception(type_name, message):
     return exc
 
 
+class BadReply(Exception):
+    """A reply of the wrong type (``len`` answered with a string): the program's error."""
+
+
+class HandleCompared(AssertionError):
+    """A test compared a value that stayed in the program: the judge cannot decide it, so the test
+    fails (an object of the program's may define ``==`` as it likes; only plain data is compared)."""
+
+
 class Remote:
-    """A value that stays in the program: every use is a request to the sandbox."""
+    """A value that stays in the program: every use is a request to the sandbox.
+
+    Its identity is the judge's own: it is hashable by ``id``, and comparing it with anything
+    (``==``, ``!=``) fails the test (`HandleCompared`), never passes it.
+    """
 
     __slots__ = ("_box", "_ref", "_type")
 
@@ -257,6 +301,9 @@ class Remote:
 
     def _op(self, name, *args, **kwargs):
         return object.__getattribute__(self, "_box").op(name, self._ref, args, kwargs)
+
+    def _typed(self, want, name, *args):
+        return object.__getattribute__(self, "_box").typed(want, name, self._ref, *args)
 
     def __call__(self, *args, **kwargs):
         return self._op("call", *args, **kwargs)
@@ -270,19 +317,19 @@ class Remote:
         self._op("setattr", name, value)
 
     def __iter__(self):
-        return iter(self._op("iter"))
+        return iter(self._typed(list, "iter"))
 
     def __len__(self):
-        return self._op("len")
+        return self._typed(int, "len")
 
     def __bool__(self):
-        return self._op("bool")
+        return self._typed(bool, "bool")
 
     def __str__(self):
-        return self._op("str")
+        return self._typed(str, "str")
 
     def __contains__(self, item):
-        return self._op("contains", item)
+        return self._typed(bool, "contains", item)
 
     def __getitem__(self, key):
         return self._op("getitem", key)
@@ -290,11 +337,13 @@ class Remote:
     def __setitem__(self, key, value):
         self._op("setitem", key, value)
 
-    def __eq__(self, other):  # identity: the judge cannot see inside, and will not ask the program
-        return isinstance(other, Remote) and other._ref == self._ref
+    def __eq__(self, other):
+        raise HandleCompared(f"compared {self!r}, which stays in the program, with a value")
 
-    def __hash__(self):
-        return hash(("remote", self._ref["h"]))
+    def __ne__(self, other):
+        raise HandleCompared(f"compared {self!r}, which stays in the program, with a value")
+
+    __hash__ = object.__hash__
 
     def __repr__(self):
         return f"<{self._type} in the program>"

@@ -1,28 +1,22 @@
 """The sandboxed interpreter: confine itself, then run the untrusted program.
 
-Started by the judge as ``[unshare ...] python -I -S -c <wire.py + this file> PLAN_JSON``, with
-the rlimits and the cgroup already applied by the judge before exec. Standard library only
-(see wire.py for why). The code above ``_serve`` runs before any untrusted code, as root inside
-the new namespaces when the plan says so.
+Started by the judge as ``bwrap ... -- python -I -S -c <wire.py + this file> PLAN_JSON``, with
+the rlimits and the cgroup already applied by the judge before exec, and the namespaces, the
+read-only file system view, the uid and the parent-death chain set up by bwrap (`bwrap_argv` in
+box.py). Standard library only (see wire.py for why).
 
-What is covered (stage 1, trusted, in this order):
-- Mount namespace (``plan["mount"]``): a fresh tmpfs of ``tmpfs_mb`` on /tmp, bound over the
-  other world-writable directories (/var/tmp, /dev/shm, /run/lock), so a disk filler fills only
-  that tmpfs, and files written there vanish with the namespace. The Python installation is
-  bound back read-only at its own path when the uid drop would otherwise lose it (here the
-  interpreter lives under /root, which is 0700), or when it lies under a covered directory.
-- No new privileges (``PR_SET_NO_NEW_PRIVS``), then the drop to ``drop_to`` (uid and gid 65534,
-  no supplementary groups), then the parent-death signal again (a uid change clears it).
-- ``exit``/``quit`` builtins (``-S`` skips the site module that defines them); cwd /tmp (or the
-  judge's temporary directory when there is no mount namespace).
+What is covered (stage 1, trusted, before any untrusted code):
+- No new privileges (``PR_SET_NO_NEW_PRIVS``): no setuid binary can raise the program's rights.
+- ``exit``/``quit`` builtins (``-S`` skips the site module that defines them); cwd and HOME /tmp
+  (the sandbox's own tmpfs), or the judge's temporary directory when there are no namespaces.
 
 Then one of two modes:
 - ``serve``: a request loop on two inherited pipes. The judge asks it to load the program, to
-  resolve global names, and to call, getattr, setattr, iterate, index, len, str values by handle;
-  each reply is data (wire.py) or the name and message of the exception raised. Non-plain results
-  stay here and go out as handles. The program runs in this process, so it can rewrite this loop
-  or answer anything on the pipe: that is expected. What it cannot do is see the expected values,
-  which never leave the judge.
+  resolve the entry points' names, and to call, getattr, setattr, iterate, index, len, str values
+  by handle; each reply is data (wire.py) or the name and message of the exception raised.
+  Non-plain results stay here and go out as handles. The program runs in this process, so it can
+  rewrite this loop or answer anything on the pipe: that is expected. What it cannot do is see the
+  expected values, which never leave the judge.
 - ``stdin``: receive the program over the pipe, close the pipe, and run it as ``__main__`` with
   the test input on fd 0 and fd 1 read by the judge.
 """
@@ -31,69 +25,13 @@ import json
 import os
 import sys
 
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC = 1, 2, 4, 32, 4096, 16384
-_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _SIGKILL = 1, 38, 9
-_COVERED = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+_PR_SET_NO_NEW_PRIVS = 38
 
 if __name__ != "__main__":  # imported (tests); at launch the source of wire.py is prepended
     from ibpo_lit.rewards.sandbox.wire import decode, encode, read_frame, write_frame
 
 
 # ------------------------------------------------------------------ stage 1 (trusted)
-def _libc():
-    import ctypes
-
-    return ctypes, ctypes.CDLL(None, use_errno=True)
-
-
-def _check(ctypes, ret, what):
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _blocked_ancestor(path):
-    """The first directory on the way to ``path`` that others cannot traverse, or None."""
-    parts = os.path.abspath(path).split("/")[1:]
-    for k in range(1, len(parts) + 1):
-        d = "/" + "/".join(parts[:k])
-        if not os.stat(d).st_mode & 0o001:
-            return d
-    return None
-
-
-def _under(path, root):
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def _confine_filesystem(plan, ctypes, libc):
-    def mount(src, target, fstype, flags, data=None):
-        enc = lambda s: None if s is None else s.encode()  # noqa: E731
-        _check(ctypes, libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-               f"mount {target}")
-
-    # What must stay visible: the interpreter's prefix, when the uid drop or the tmpfs would hide it.
-    keep = []
-    for prefix in dict.fromkeys(plan["prefixes"]):
-        blocked = _blocked_ancestor(prefix) if plan["drop_to"] is not None else None
-        if blocked or any(_under(prefix, c) for c in _COVERED):
-            keep.append((prefix, blocked, os.open(prefix, os.O_PATH | os.O_DIRECTORY)))
-
-    mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={plan['tmpfs_mb']}m,mode=1777")
-    for d in _COVERED[1:]:
-        if os.path.isdir(d) and not os.path.islink(d):
-            mount("/tmp", d, None, _MS_BIND)
-    covered = set()
-    for prefix, blocked, fd in keep:
-        if blocked and blocked not in covered and not any(_under(blocked, c) for c in _COVERED):
-            mount("tmpfs", blocked, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
-            covered.add(blocked)
-        os.makedirs(prefix, mode=0o755, exist_ok=True)
-        mount(f"/proc/self/fd/{fd}", prefix, None, _MS_BIND | _MS_REC)
-        mount(None, prefix, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID)
-        os.close(fd)
-
-
 class _Quitter:
     def __init__(self, name):
         self.name = name
@@ -106,19 +44,11 @@ class _Quitter:
 
 
 def confine(plan):
-    ctypes, libc = _libc()
-    if plan["mount"]:
-        _confine_filesystem(plan, ctypes, libc)
-    _check(ctypes, libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
-    if plan["drop_to"] is not None:
-        os.setgroups([])
-        os.setgid(plan["drop_to"])
-        os.setuid(plan["drop_to"])
-    # A credential change clears the parent-death signal; without a PID namespace, check that the
-    # judge is still there (inside one, getppid() is 0 and the judge kills the namespace instead).
-    libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
-    if plan["parent"] is not None and os.getppid() != plan["parent"]:
-        os._exit(70)
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(NO_NEW_PRIVS)")
     os.chdir(plan["workdir"] or "/tmp")
     os.environ["HOME"] = plan["workdir"] or "/tmp"
     builtins.exit, builtins.quit = _Quitter("exit"), _Quitter("quit")

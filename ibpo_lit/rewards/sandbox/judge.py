@@ -6,25 +6,35 @@ CALLER_PID`` with a JSON spec on stdin; writes one JSON result on stdout. Standa
 talks to it.
 
 What is covered:
-- ``assert`` tests: the prelude (trusted: imports, helpers such as HumanEval's ``poly``) and every
-  test run *here*. The names a test reads that neither the prelude, the test nor the builtins
-  define, plus the names in ``remote`` (the functions under test, even when they shadow a builtin
-  as MBPP task 126's ``sum``), are looked up in the program once it is loaded: plain data comes
-  back as values, anything else as a `Remote` handle whose calls, attributes, items and iteration
-  are requests to the sandbox. A standard-library module name is imported here instead. So a test
-  ``assert f(x) == y`` compares, with this interpreter's ``==``, a decoded plain value against
-  ``y``, which never reaches the program: the program can pass only by computing ``y``.
+- Set-up as root (when the caller is root): the run's cgroups (the program's and the judge's own,
+  with their memory and pids limits), then the judge joins its own, keeps the interpreter and
+  bwrap reachable in a mount namespace of its own, and drops to the run's uid (`Run.enter`),
+  before it reads a byte of the program's.
+- ``assert`` tests: the prelude (trusted: imports, helpers such as HumanEval's ``poly``), the
+  ``setup`` and every test run *here*. Only the entry points (``remote``) are looked up in the
+  program once it is loaded; plain data comes back as values, anything else as a `Remote`
+  handle whose calls, attributes, items and iteration are requests to the sandbox. Every other
+  name is the judge's (`judge_names`): a standard-library module name is imported here, and a
+  name nothing defines is an `InfraError` before the program runs. So a test ``assert f(x) == y``
+  compares, with this interpreter's ``==``, a decoded plain value against ``y``, which never
+  reaches the program: the program can pass only by computing ``y``. Any exception while a test
+  handles the program's values is that test's outcome; its message is logged only when it is
+  plain text (`_describe`), so formatting it runs nothing of the program's.
 - ``stdin`` tests: one fresh sandbox per test, input on fd 0, fd 1 read here (capped) and compared
   with the expected output, LiveCodeBench's way (lines stripped; tokens compared as decimals when
-  the text differs). The expected output never reaches the program; the exit status must be 0.
+  the text differs; output that cannot be compared is a mismatch). The expected output never
+  reaches the program; the exit status must be 0.
 - One deadline for the program's run (SIGALRM, raising `Deadline` wherever the judge is waiting;
   it starts when the first sandbox is ready, whose start-up has its own limit, `START_LIMIT_S`),
   per-process rlimits and cgroup membership applied between fork and exec of the sandbox, and a
   parent-death signal at each step, so nothing outlives a killed caller.
-- Outcome per test: "pass", "fail" (an assertion failed or the output differs), "error" (the test
-  raised instead), "timeout", "memory", "not_run" (after a stop). The program's status is "error"
-  when it could not be loaded, else "pass" when all passed, else the first test's non-pass outcome.
-- The result is written on this process's stdout, which no sandboxed process holds or can reach.
+- "running" on stdout once the program's data flows (`Run.announce_running`): the caller's
+  watchdog scores a judge that dies or hangs after it as the program's failure.
+- Outcome per test: "pass", "fail" (an assertion failed, a handle was compared, or the output
+  differs), "error" (the test raised instead), "timeout", "memory", "not_run" (after a stop). The
+  program's status is "error" when it could not be loaded, else "pass" when all passed, else the
+  first test's non-pass outcome.
+- The result is the last line on this process's stdout, which no sandboxed process holds.
 
 What is not covered: see the module docstring of `ibpo_lit.rewards.code`.
 """
@@ -51,8 +61,8 @@ PASS, FAIL, ERROR, TIMEOUT, MEMORY, NOT_RUN = "pass", "fail", "error", "timeout"
 class Run:
     """The state of one `run_tests` call: its spec, the sandbox's rlimits, its cgroups."""
 
-    def __init__(self, spec):
-        self.spec = spec
+    def __init__(self, spec, verdict=None):
+        self.spec, self.verdict, self.running = spec, verdict, False
         mb, cpu_s = 1 << 20, math.ceil(spec["timeout_s"]) + 1
         self.limits = [  # (resource, soft, hard)
             (resource.RLIMIT_AS, spec["memory_mb"] * mb, spec["memory_mb"] * mb),
@@ -62,27 +72,62 @@ class Run:
             (resource.RLIMIT_CORE, 0, 0),
             (resource.RLIMIT_STACK, 64 * mb, 64 * mb),
         ]
-        if spec["isolation"]["drop_to"] is not None:  # root ignores RLIMIT_NPROC; nobody does not
-            nproc = spec["max_processes"] * 4  # per uid: shared by all sandboxes running at once
+        if spec["uid"] is not None:  # the run's own uid: its process count is the program's alone
+            nproc = spec["max_processes"] + 4  # + the judge and bwrap's two processes
             self.limits.append((resource.RLIMIT_NPROC, nproc, nproc))
-        self.cgroups, self.cgroup_procs = {}, []
+        self.cgroups, self.judge_cgroups, self.cgroup_procs = {}, {}, []
 
     def make_cgroups(self):
-        """One group per controller for this run (removed by `remove_cgroups`, even if this fails)."""
+        """The program's group and the judge's, per controller (the caller removes them)."""
         spec, mb = self.spec, 1 << 20
         for ctrl, parent in spec["isolation"]["cgroups"].items():
-            path = os.path.join(parent, spec["run_id"])
-            os.mkdir(path)
-            self.cgroups[ctrl] = path
-        if "pids" in self.cgroups:
-            _write(self.cgroups["pids"], "pids.max", spec["max_processes"])
-        if "memory" in self.cgroups:
-            _write(self.cgroups["memory"], "memory.limit_in_bytes", spec["memory_mb"] * mb)
-            try:
-                _write(self.cgroups["memory"], "memory.memsw.limit_in_bytes", spec["memory_mb"] * mb)
-            except OSError:  # no swap accounting
-                pass
+            for groups, name in ((self.cgroups, spec["run_id"]), (self.judge_cgroups, spec["run_id"] + "-judge")):
+                path = os.path.join(parent, name)
+                os.mkdir(path)
+                groups[ctrl] = path
+        for groups, pids, memory in ((self.cgroups, spec["max_processes"], spec["memory_mb"] * mb),
+                                     (self.judge_cgroups, 8, spec["judge_memory_mb"] * mb)):
+            if "pids" in groups:
+                _write(groups["pids"], "pids.max", pids)
+            if "memory" in groups:
+                _write(groups["memory"], "memory.limit_in_bytes", memory)
+                try:
+                    _write(groups["memory"], "memory.memsw.limit_in_bytes", memory)
+                except OSError:  # no swap accounting
+                    pass
         self.cgroup_procs = [os.path.join(p, "cgroup.procs") for p in self.cgroups.values()]
+
+    def enter(self):
+        """Leave root: join the judge's cgroups, keep the interpreter reachable, become the run's uid.
+
+        From here on the judge reads the program's replies as an ordinary user whose memory and
+        processes are bounded, so a reply that breaks the decoder breaks only this run.
+        """
+        spec = self.spec
+        for path in self.judge_cgroups.values():
+            _write(path, "cgroup.procs", os.getpid())
+        judge_bytes = spec["judge_memory_mb"] << 20  # the bound where no memory cgroup holds the judge
+        resource.setrlimit(resource.RLIMIT_AS, (judge_bytes + (512 << 20), resource.RLIM_INFINITY))
+        uid = spec["uid"]
+        if uid is None:
+            return
+        for path in self.cgroup_procs:  # the sandbox joins its group itself, as this uid (v1 rule)
+            os.chown(path, uid, uid)
+        _keep_reachable(spec["reachable"])
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # a uid change clears it
+        if os.getppid() != spec["caller"]:
+            os._exit(1)
+
+    def announce_running(self):
+        """Tell the caller that the program's data now flows: from here on, a judge that dies or
+        hangs does so on the program's values, and the caller scores it as the program's failure."""
+        if not self.running and self.verdict is not None:
+            self.verdict.write("running\n")
+            self.verdict.flush()
+        self.running = True
 
     def oom_kills(self):
         if "memory" not in self.cgroups:
@@ -94,7 +139,7 @@ class Run:
         return 0
 
     def sweep_cgroups(self, wait_s=2.0):
-        """SIGKILL whatever is still in the run's cgroups until they are empty."""
+        """SIGKILL whatever is still in the program's cgroups until they are empty."""
         end = time.monotonic() + wait_s
         for path in self.cgroups.values():
             while time.monotonic() < end:
@@ -106,16 +151,6 @@ class Run:
                     _kill(pid)
                 time.sleep(0.005)
 
-    def remove_cgroups(self):
-        self.sweep_cgroups()
-        for path in self.cgroups.values():
-            for _ in range(100):
-                try:
-                    os.rmdir(path)
-                    break
-                except OSError:
-                    time.sleep(0.01)
-
     def death_cause(self, box, oom_before):
         """Why the program ended on its own: "timeout" (CPU limit), "memory" (OOM kill), "error"."""
         code = box.exit_code(0.5)
@@ -124,6 +159,48 @@ class Run:
         if code is not None and code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
             return TIMEOUT
         return ERROR
+
+
+_CLONE_NEWNS, _MS_RDONLY, _MS_NOSUID, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = \
+    0x20000, 1, 2, 32, 4096, 16384, 1 << 18
+
+
+def _keep_reachable(paths):
+    """In a mount namespace of the judge's own, make ``paths`` (the interpreter's prefix, bwrap)
+    reachable by the run's uid: a directory on the way that others cannot enter (pyenv under
+    /root, 0700) is covered by an empty tmpfs, and the path bound back read-only on it. bwrap
+    resolves its bind sources by name, as the run's uid, so an inherited descriptor would not do."""
+    import ctypes
+
+    def check(ret, what):
+        if ret != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    def mount(src, target, fstype, flags, data=None):
+        enc = lambda x: None if x is None else x.encode()  # noqa: E731
+        check(_LIBC.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {target}")
+
+    blocked = {}
+    for path in paths:
+        parts = os.path.abspath(path).split("/")[1:]
+        for k in range(1, len(parts) + 1):
+            d = "/" + "/".join(parts[:k])
+            if not os.stat(d).st_mode & 0o001:
+                blocked.setdefault(d, []).append(path)
+                break
+    if not blocked:
+        return
+    check(_LIBC.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing done here reaches the host
+    kept = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for ps in blocked.values() for p in ps]
+    for d in blocked:
+        mount("tmpfs", d, "tmpfs", _MS_NOSUID, "size=1m,mode=0755")
+    for path, fd in kept:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        mount(f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
+        mount(None, path, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID)
+        os.close(fd)
 
 
 def _write(directory, name, value):
@@ -169,23 +246,63 @@ def _outcome(exc):
     return ERROR
 
 
+def _describe(exc):
+    """``exc`` for the log, without running anything of the program's: its message only when every
+    argument is a plain string (an assert message may hold a handle, or an int too long to print)."""
+    name = type(exc).__name__
+    args = getattr(exc, "args", ())
+    if args and all(type(a) is str for a in args):
+        return f"{name}: {' '.join(args)[:200]}"
+    return name
+
+
+def judge_names(spec, trees, g):
+    """Bind, in the judge's namespace ``g``, every name the tests and setup read that is not an
+    entry point: the prelude's, the builtins, and standard-library modules used as ``mod.attr``.
+
+    Raises:
+        InfraError: a name that nothing defines (the tests are broken, not the program).
+    """
+    remote, stores, free, dotted = set(spec["remote"]), set(), set(), set()
+    for tree in trees:
+        free |= free_names(tree)
+        stores |= bound_names(tree)
+        dotted |= module_names(tree)
+    unbound = free - stores - remote - set(g) - set(dir(builtins))
+    for name in sorted(unbound & dotted & set(sys.stdlib_module_names)):
+        g[name] = __import__(name)
+        unbound.discard(name)
+    if unbound:
+        raise InfraError(f"the tests use names that neither the prelude, the setup nor the tests define, "
+                         f"and that are not entry points (remote): {sorted(unbound)}")
+
+
+def bound_names(tree):
+    """Names a piece of code binds anywhere (a test may use what an earlier one bound)."""
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)} | {
+        n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))} | {
+        (a.asname or a.name).split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+        for a in n.names}
+
+
 def run_assert(run):
+    """Run the tests here; only the entry points (``remote``) come from the program.
+
+    Every other name is the judge's (`judge_names`), ``setup`` runs here after the entry points are
+    bound, and any exception while a test handles the program's values is that test's outcome.
+    """
     spec = run.spec
     g = {"__name__": "__judge__", "__builtins__": builtins}
     try:
         exec(compile(spec["prelude"], "<prelude>", "exec"), g)
         trees = [ast.parse(t, f"<test {i}>") for i, t in enumerate(spec["tests"])]
+        setup_tree = ast.parse(spec["setup"], "<setup>")
         codes = [compile(tree, f"<test {i}>", "exec") for i, tree in enumerate(trees)]
+        setup = compile(setup_tree, "<setup>", "exec")
     except Exception as e:  # noqa: BLE001 - the tests themselves are broken
-        raise InfraError(f"bad prelude or tests: {type(e).__name__}: {e}") from None
-    wanted, modules = set(spec["remote"]), set()
-    for tree in trees:
-        wanted |= free_names(tree) - set(g) - set(dir(builtins))
-        modules |= module_names(tree)
-    # A module the tests use (math.isclose) is the judge's own, not one the program could fake.
-    for name in sorted((wanted & modules & set(sys.stdlib_module_names)) - set(spec["remote"])):
-        g[name] = __import__(name)
-        wanted.discard(name)
+        raise InfraError(f"bad prelude, setup or tests: {type(e).__name__}: {e}") from None
+    judge_names(spec, [*trees, setup_tree], g)
+    wanted = sorted(spec["remote"])
 
     outcomes, detail = [NOT_RUN] * len(codes), ""
     box = Sandbox(run, "serve")
@@ -194,16 +311,19 @@ def run_assert(run):
         oom_before = run.oom_kills()
         try:
             box.op("load", spec["program"])
-            found = box.op("resolve", sorted(wanted))
+            found = box.op("resolve", wanted)
             if not isinstance(found, dict):
                 raise ProgramGone("resolve reply out of protocol")
-            # Only what was asked for: a tampered reply must not replace the prelude's names.
+            # Only the entry points: a tampered reply must not replace any other name.
             g.update({name: value for name, value in found.items() if name in wanted})
+            exec(setup, g)
         except ProgramGone:
             return _result(outcomes, run.death_cause(box, oom_before), "the program exited while loading")
-        except Exception as e:  # noqa: BLE001 - raised by the program
+        except Deadline:
+            raise
+        except BaseException as e:  # noqa: BLE001 - raised by the program, or by setup on its values
             status = MEMORY if getattr(e, "remote_type", None) == "MemoryError" else ERROR
-            return _result(outcomes, status, f"load: {e}")
+            return _result(outcomes, status, f"load: {_describe(e)}")
         for i, code in enumerate(codes):
             try:
                 exec(code, g)
@@ -211,9 +331,11 @@ def run_assert(run):
             except ProgramGone as e:
                 outcomes[i], detail = run.death_cause(box, oom_before), f"test {i}: program gone ({e})"
                 break
-            except Exception as e:  # noqa: BLE001 - AssertionError, or what the test or program raised
+            except Deadline:
+                raise
+            except BaseException as e:  # noqa: BLE001 - whatever the test raised on the program's values
                 outcomes[i] = _outcome(e)
-                detail = detail or f"test {i}: {type(e).__name__}: {str(e)[:200]}"
+                detail = detail or f"test {i}: {_describe(e)}"
                 if spec["stop_at_first_failure"]:
                     break
     except Deadline:
@@ -243,6 +365,7 @@ def _start(box, first):
     except Deadline:
         raise InfraError(f"the sandbox did not start within {START_LIMIT_S:.0f} s") from None
     signal.setitimer(signal.ITIMER_REAL, box.run.spec["timeout_s"])
+    box.run.announce_running()
 
 
 # ------------------------------------------------------------------ stdin tests
@@ -258,7 +381,17 @@ def _decimals(line):
 
 
 def outputs_match(got, expected):
-    """LiveCodeBench's comparison: stripped lines equal, or equal as lists of decimals."""
+    """LiveCodeBench's comparison: stripped lines equal, or equal as lists of decimals.
+
+    Output that cannot be compared (``sNaN``, which makes Decimal comparison raise) is a mismatch.
+    """
+    try:
+        return _outputs_match(got, expected)
+    except Exception:  # noqa: BLE001 - decimal signals on the program's tokens: not equal
+        return False
+
+
+def _outputs_match(got, expected):
     a, b = _lines(got), _lines(expected)
     if len(a) != len(b):
         return False
@@ -336,13 +469,15 @@ def main(argv):
     if os.getppid() != caller:  # the caller died before the line above took effect
         os._exit(1)
     spec = json.loads(sys.stdin.buffer.read())
+    spec["caller"] = caller
     verdict = os.fdopen(os.dup(1), "w")  # the result goes here; what the tests print goes nowhere
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.close(devnull)
-    run = Run(spec)
+    run = Run(spec, verdict)
     try:
         run.make_cgroups()
+        run.enter()
         signal.signal(signal.SIGALRM, _on_alarm)
         signal.setitimer(signal.ITIMER_REAL, spec["timeout_s"])
         result = (run_stdin if spec["kind"] == "stdin" else run_assert)(run)
@@ -352,8 +487,8 @@ def main(argv):
         result = {"infra_error": "the time limit was reached before the program could run"}
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        run.remove_cgroups()
-    verdict.write(json.dumps(result))
+        run.sweep_cgroups()  # the caller removes the groups: this uid may not
+    verdict.write(json.dumps(result) + "\n")
     verdict.flush()
 
 

@@ -17,9 +17,13 @@ What is covered:
 - `decode` builds exact built-in types only (never a subclass, never by calling anything the
   sender names), so a value decoded in the judge compares with the judge's own ``==``.
 
+- Bounds on what a sender can make `decode` build: ``max_items`` values and `MAX_DEPTH` levels.
+
 What is not covered:
-- Cycles and nesting deeper than the JSON parser's recursion limit: encoding or decoding raises
+- Cycles and nesting deeper than the JSON parser's recursion limit: encoding raises
   (RecursionError, ValueError), which the caller treats as a failed call.
+- The cost of hashing: a set or dict of values whose hashes collide (ints are not salted) takes
+  quadratic time to build; the caller's watchdog on the judge bounds it (a timeout).
 """
 import json
 import os
@@ -88,21 +92,37 @@ def encode(obj, other):
 
 
 _SEQUENCES = {"l": list, "t": tuple, "s": set, "f": frozenset}
+MAX_DEPTH = 100  # nesting of decoded values; deeper is refused (no legitimate answer nests so)
 
 
-def decode(data, ref):
-    """Plain built-in values from wire data; ``ref(tag, value, data)`` resolves "h", "n", "bi"."""
+def decode(data, ref, max_items=None):
+    """Plain built-in values from wire data; ``ref(tag, value, data)`` resolves "h", "n", "bi".
+
+    At most ``max_items`` values in all (None: no limit) and `MAX_DEPTH` levels: what a sender
+    can make the decoder build is bounded, beyond the frame's byte limit.
+    """
+    budget = [max_items if max_items is not None else -1]
+    return _decode(data, ref, budget, 0)
+
+
+def _decode(data, ref, budget, depth):
+    if budget[0] == 0:
+        raise WireError("too many items")
+    budget[0] -= 1
     if data is None or isinstance(data, (bool, int, float, str)):
         return data
     if not isinstance(data, dict) or not data:
         raise WireError(f"not wire data: {type(data).__name__}")
+    if depth >= MAX_DEPTH:
+        raise WireError(f"nested deeper than {MAX_DEPTH}")
     tag = next(iter(data))
     value = data[tag]
     try:
         if tag in _SEQUENCES:
-            return _SEQUENCES[tag](decode(x, ref) for x in _as_list(value))
+            return _SEQUENCES[tag](_decode(x, ref, budget, depth + 1) for x in _as_list(value))
         if tag == "d":
-            return {decode(k, ref): decode(v, ref) for k, v in _as_list(value)}
+            return {_decode(k, ref, budget, depth + 1): _decode(v, ref, budget, depth + 1)
+                    for k, v in _as_list(value)}
         if tag == "i":
             return int(value, 16)
         if tag == "b":
