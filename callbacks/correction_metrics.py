@@ -26,7 +26,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from ibpo_lit.algorithms.diagnostics import reward_shaping_covariance
-from ibpo_lit.step import ScoredRollouts
+from ibpo_lit.training.step_types import ScoredRollouts
 
 
 class CorrectionMetrics(Callback):

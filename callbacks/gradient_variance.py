@@ -6,7 +6,7 @@ yet updated), the rows of the update batch (rollouts and correction samples, zer
 rows included: the estimator is over the batch as sampled) are shuffled with a seeded
 generator and cut into ``K`` disjoint splits of near-equal size (``tensor_split``: sizes
 differ by at most one). Each split's gradient is the gradient of the configured loss averaged
-over that split alone (``IBPOModule.policy_loss``, on-policy: ``pi_old`` = the current
+over that split alone (``PolicyUpdate.policy_loss``, on-policy: ``pi_old`` = the current
 weights, so this is the gradient of the step's first update), taken with
 ``torch.autograd.grad`` on the selected parameters only, so the module's ``.grad`` buffers
 are untouched. ``diagnostics.gradient_variance`` turns the ``[K, D]`` gradients into
@@ -41,7 +41,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from ibpo_lit.algorithms.diagnostics import gradient_variance
-from ibpo_lit.step import ScoredRollouts, UpdateBatch
+from ibpo_lit.training.step_types import ScoredRollouts, UpdateBatch
 
 
 class GradientVarianceLogger(Callback):
@@ -164,7 +164,7 @@ class GradientVarianceLogger(Callback):
         total = [torch.zeros_like(p, dtype=torch.float32) for p in params]
         with torch.enable_grad():
             for micro in active.split(micro_size) if len(active) else ():
-                loss, _ = pl_module.policy_loss(
+                loss, _ = pl_module.updater.policy_loss(
                     batch.select(micro),
                     advantages[micro],
                     weights[micro] if weights is not None else None,

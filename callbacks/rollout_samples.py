@@ -2,7 +2,7 @@
 
 Scalars cannot show *how* a reward was earned. On SmolLM2 they hid a reward hack: reward and
 validation accuracy went to 1.0 while responses shrank to 6 tokens, because the verifier
-accepted the question restated as its answer (README, "Found here: a reward
+accepted the question restated as its answer (docs/results.md, "Found here: a reward
 hack"). Reading a handful of rollouts would have shown it at once, which is why TRL and verl
 print completions too.
 
@@ -29,7 +29,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from ibpo_lit.step import ScoredRollouts
+from ibpo_lit.training.step_types import ScoredRollouts
 
 
 def _finite_or_none(value: float) -> float | None:

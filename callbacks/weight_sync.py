@@ -44,10 +44,10 @@ import time
 import lightning as L
 import torch
 
-from ibpo_lit.policy_logprobs import response_logprobs
 from ibpo_lit.rollout.engine import SamplingConfig
 from ibpo_lit.rollout.weights import SyncManifest, iter_full_weights
 from ibpo_lit.scale.fsdp2 import is_sharded
+from ibpo_lit.training.logprobs import response_logprobs
 
 
 class StaleWeightsError(RuntimeError):

@@ -6,13 +6,14 @@ on a math benchmark).
 
 The wiring adds to LightningCLI: an always-on ``ModelCheckpoint`` (``checkpoint.*``) writing
 ``<trainer.default_root_dir>/checkpoints/last.ckpt``; atomic checkpoint writes
-(`ibpo_lit.checkpoint_io`); cross-section config checks before any weights load
+(`ibpo_lit.training.checkpoint_io`); cross-section config checks before any weights load
 (`ibpo_lit.config_checks`); and, in `entry_point`, one ``ibpo-lit: error: ...`` line with exit
 status 2 for a user error (`ibpo_lit.errors`).
 """
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import warnings
@@ -22,20 +23,46 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-from ibpo_lit.checkpoint_io import AtomicCheckpointIO
+from ibpo_lit import __version__
 from ibpo_lit.config_checks import check_fit_settings, read_checkpoint_error
 from ibpo_lit.data.datamodule import PromptDataModule
 from ibpo_lit.errors import debug_enabled, format_user_error, is_user_error
 from ibpo_lit.module import IBPOModule
 from ibpo_lit.scale import strategy as _registers_fsdp2  # noqa: F401 - `trainer.strategy: fsdp2`
+from ibpo_lit.training.checkpoint_io import AtomicCheckpointIO
 
 # The module steps its optimizer itself, and a checkpoint after the step is exactly what resume
 # needs; Lightning's advice to stash pre-step weights does not apply.
 warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization", category=UserWarning)
+# Lightning 2.6's own `lightning/pytorch/utilities/_pytree.py` builds torch's `LeafSpec()`, which
+# torch 2.13 deprecates (FutureWarning) - on every fit, from Lightning's code, not ours: nothing
+# for a user to act on. Only that message, that category, raised from that Lightning module.
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning,
+                        module=r"lightning\.pytorch\.utilities\._pytree")
+
+
+def _not_a_lightning_cloud_tip(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("💡 Tip: For seamless cloud")
+
+
+# Lightning 2.6 logs an advert at INFO on every fit without a LitLogger ("💡 Tip: For seamless
+# cloud logging ... litlogger", and "... cloud uploads ... litmodels" when it adds its own
+# ModelCheckpoint); no Trainer argument or environment variable turns it off. Only those two
+# messages of Lightning's rank-zero logger are dropped; its other lines ("GPU available", ...) stay.
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_a_lightning_cloud_tip)
 
 
 def _checkpoint_dir(root_dir: str | None) -> str:
     return os.path.join(root_dir or os.getcwd(), "checkpoints")
+
+
+def _turn_off_empty_validation(trainer, datamodule) -> None:
+    """Validation off (``data.val_size: 0`` and no ``data.val_path``: `PromptDataModule.val_prompts`
+    is empty): ``limit_val_batches = 0``, Lightning's own switch for "no validation". Otherwise fit
+    asks for the data module's ``val_dataloader()``, gets ``[]`` and warns "Total length of `list`
+    across ranks is zero". A ``val_path`` that yields no prompts still warns: that one is news."""
+    if isinstance(datamodule, PromptDataModule) and datamodule.val_path is None and datamodule.val_size == 0:
+        trainer.limit_val_batches = 0
 
 
 class IBPOCLI(LightningCLI):
@@ -61,6 +88,7 @@ class IBPOCLI(LightningCLI):
         if self.subcommand in (None, "fit"):
             ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand else None
             check_fit_settings(self.model, self.datamodule, self.trainer, ckpt_path)
+            _turn_off_empty_validation(self.trainer, self.datamodule)
 
     def instantiate_trainer(self, **kwargs):
         # Atomic checkpoint writes unless trainer.plugins names another CheckpointIO.
@@ -105,7 +133,10 @@ def main(args: list[str] | None = None, run: bool = True):
         run=run,
         save_config_kwargs={"overwrite": True},
         trainer_defaults={"default_root_dir": "runs/default", "log_every_n_steps": 1},
-        parser_kwargs={"description": DESCRIPTION, "formatter_class": _HelpFormatter},
+        # `--version` (jsonargparse's `version=`: prints "<prog> <version>" and exits); the usage
+        # line names the command as typed, not "__main__.py".
+        parser_kwargs={"description": DESCRIPTION, "formatter_class": _HelpFormatter, "version": __version__,
+                       "prog": "python -m ibpo_lit" if sys.argv[0].endswith("__main__.py") else None},
     )
 
 

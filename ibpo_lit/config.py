@@ -3,22 +3,111 @@ into ``--help`` text; ``__post_init__`` rejects bad values before any model load
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from ibpo_lit.algorithms.ciw import CIWConfig
-from ibpo_lit.algorithms.registry import ADVANTAGE_SCALES, AGGREGATIONS, POLICY_LOSSES, SHAPING_VARIANTS
+from ibpo_lit.algorithms.registry import (
+    ADVANTAGE_SCALES,
+    AGGREGATIONS,
+    POLICY_LOSSES,
+    LossSettings,
+)
 from ibpo_lit.algorithms.shaping import validate_shaping
+from ibpo_lit.data.correction_prompt import (
+    DEFAULT_CODE_TEMPLATE,
+    DEFAULT_SELF_REVISION_CODE_TEMPLATE,
+    DEFAULT_SELF_REVISION_TEMPLATE,
+    DEFAULT_TEMPLATE,
+)
 from ibpo_lit.rollout.engine import SamplingConfig
 from ibpo_lit.rollout.vllm_engine import VLLMConfig
 
 
 @dataclass
+class IBPOConfig:
+    """IBPO (METHOD section 5), all of it: compare-and-correct rollouts, the full-rewrite
+    filter, the shaping they earn and joint training. The rollouts are made by the
+    ``callbacks.CorrectionRollouts`` callback, which must be in ``trainer.callbacks`` unless
+    ``variant`` is ``none``.
+
+    Args:
+        variant: Shaping: ``none`` (plain GSPO), ``plain`` (+lambda*beta), ``ratio``
+            (+lambda * share of kept tokens) or ``mask`` (+lambda*beta, and only the tokens
+            the correction changed get gradient).
+        lam: Shaping weight lambda (paper's best about 0.6). ``lambda * Delta`` must stay
+            below 1 so a shaped wrong rollout never outranks a correct one.
+        beta: Shaping bonus beta (paper: 0.5).
+        alpha: Full-rewrite threshold on the normalised token edit distance ``d(y_i, y^)``,
+            a number in [0, 1] (paper: 0.6, stable from 0.55 to 0.70), or ``adaptive``
+            (mean + 2 std of ``d`` over the step's successful corrections).
+        corrections_per_input: Corrections sampled per correction prompt (k).
+        train_on_corrections: Train the correction samples jointly with the same loss (the
+            paper's default; off = its "shaping only" ablation).
+        grouping: How correction samples are grouped for their advantages: ``prompt`` (all
+            corrections of one original prompt) or ``input`` (the k samples of one
+            correction prompt; needs ``corrections_per_input >= 2``).
+        reference: ``group`` (the paper's method: a partner drawn from the group) or ``none``
+            (the k = 1 ablation: the policy revises its wrong answer alone; the rewrite filter
+            keeps only ``d(y_i, y^) > alpha``).
+        max_new_tokens: Longest correction; unset = the rollouts' ``max_new_tokens``.
+        on_long_prompt: A correction prompt that leaves no room for ``max_new_tokens`` in the
+            context: ``truncate`` the candidates in their middle, or ``skip`` the correction.
+        template: Instruction that opens the correction prompt.
+        code_template: The same for code tasks, whose candidates are shown as ```python blocks.
+        answer_instruction: How the correction must state its answer; unset = the prompt's
+            own instruction or a generic one.
+        self_revision_template: Instruction of the prompt with ``reference: none``.
+        self_revision_code_template: The same for code tasks.
+    """
+
+    variant: str = "plain"
+    lam: float = 0.6
+    beta: float = 0.5
+    alpha: Union[float, Literal["adaptive"]] = 0.6
+    corrections_per_input: int = 1
+    train_on_corrections: bool = True
+    grouping: Literal["prompt", "input"] = "prompt"
+    reference: Literal["group", "none"] = "group"
+    max_new_tokens: Optional[int] = None
+    on_long_prompt: Literal["truncate", "skip"] = "truncate"
+    template: str = DEFAULT_TEMPLATE
+    code_template: str = DEFAULT_CODE_TEMPLATE
+    answer_instruction: Optional[str] = None
+    self_revision_template: str = DEFAULT_SELF_REVISION_TEMPLATE
+    self_revision_code_template: str = DEFAULT_SELF_REVISION_CODE_TEMPLATE
+
+    def __post_init__(self) -> None:
+        validate_shaping(self.variant, self.lam, self.beta)  # also an unknown variant, listing the names
+        if self.alpha != "adaptive" and not (isinstance(self.alpha, (int, float)) and 0 <= self.alpha <= 1):
+            raise ValueError(f"algorithm.ibpo.alpha must be a number in [0, 1] or 'adaptive', got {self.alpha!r}")
+        if self.corrections_per_input < 1:
+            raise ValueError(f"algorithm.ibpo.corrections_per_input must be >= 1, got {self.corrections_per_input}")
+        if self.grouping not in ("prompt", "input"):
+            raise ValueError(f"algorithm.ibpo.grouping must be 'prompt' or 'input', got {self.grouping!r}")
+        if self.grouping == "input" and self.corrections_per_input < 2:
+            raise ValueError(
+                "algorithm.ibpo.grouping='input' needs corrections_per_input >= 2: a group of one "
+                "correction has no advantage signal."
+            )
+        if self.reference not in ("group", "none"):
+            raise ValueError(f"algorithm.ibpo.reference must be one of group, none; got {self.reference!r}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"algorithm.ibpo.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.on_long_prompt not in ("truncate", "skip"):
+            raise ValueError(f"algorithm.ibpo.on_long_prompt must be 'truncate' or 'skip', got {self.on_long_prompt!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.variant != "none"
+
+
+@dataclass
 class AlgorithmConfig:
-    """Loss, advantages and IBPO shaping.
+    """Loss, advantages, IBPO and CIW.
 
     Args:
         loss: Policy loss by name: ``gspo`` (sequence-level ratio; GSPO-token when token
-            weights are present, as with ``ibpo: mask``) or ``grpo`` (token-level ratio).
+            weights are present, as with ``ibpo.variant: mask``) or ``grpo`` (token-level ratio).
         eps_low: Lower clip range: the ratio is clipped at ``1 - eps_low``. GSPO's paper uses
             3e-4; GRPO/DAPO use 0.2.
         eps_high: Upper clip range (``1 + eps_high``). GSPO 4e-4; DAPO's clip-higher 0.28.
@@ -29,17 +118,13 @@ class AlgorithmConfig:
             in the IBPO experiments).
         advantage_scale: ``group`` (divide by the group's std), ``batch`` (by the batch's
             std) or ``none`` (Dr.GRPO: no division).
-        ibpo: IBPO shaping variant: ``none``, ``plain`` (+lambda*beta), ``ratio``
-            (+lambda * share of kept tokens) or ``mask`` (+lambda*beta, and only the tokens
-            the correction changed get gradient). Needs the ``CorrectionRollouts`` callback.
-        ibpo_lambda: Shaping weight lambda (paper's best about 0.6). ``lambda * Delta`` must
-            stay below 1 so a shaped wrong rollout never outranks a correct one.
-        ibpo_beta: Shaping bonus beta (paper: 0.5).
+        ibpo: IBPO's settings, all in one place (see ``IBPOConfig``): ``variant: none`` is
+            plain GSPO.
         ciw: Counterfactual importance weighting (METHOD section 8): token weights from how
             much masking each reasoning span lowers the answer's log-prob. Unset = off.
             ``ciw.mode`` picks the method (``ciw``) or an ablation (``uniform``, ``random``,
             ``inverted``). Works with both losses (with ``gspo`` it makes GSPO-token); with
-            ``ibpo: mask`` the two token weights multiply.
+            ``ibpo.variant: mask`` the two token weights multiply.
     """
 
     loss: str = "gspo"
@@ -48,15 +133,12 @@ class AlgorithmConfig:
     agg_mode: Optional[str] = None
     beta_kl: float = 0.0
     advantage_scale: str = "group"
-    ibpo: str = "plain"
-    ibpo_lambda: float = 0.6
-    ibpo_beta: float = 0.5
+    ibpo: IBPOConfig = field(default_factory=IBPOConfig)
     ciw: Optional[CIWConfig] = None
 
     def __post_init__(self) -> None:
         POLICY_LOSSES.get(self.loss)  # raises, listing the valid names
         ADVANTAGE_SCALES.get(self.advantage_scale)
-        SHAPING_VARIANTS.get(self.ibpo)
         if self.agg_mode is not None:
             AGGREGATIONS.get(self.agg_mode)
             if self.loss == "gspo":
@@ -73,7 +155,11 @@ class AlgorithmConfig:
             raise ValueError(
                 f"algorithm.eps_low must be in [0, 1) and eps_high >= 0, got {self.eps_low}, {self.eps_high}"
             )
-        validate_shaping(self.ibpo, self.ibpo_lambda, self.ibpo_beta)
+
+    @property
+    def loss_settings(self) -> LossSettings:
+        """What the policy loss is given (every loss takes the same settings)."""
+        return LossSettings(eps_low=self.eps_low, eps_high=self.eps_high, agg_mode=self.agg_mode, beta_kl=self.beta_kl)
 
 
 @dataclass

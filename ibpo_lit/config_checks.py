@@ -43,12 +43,12 @@ from ibpo_lit.errors import ConfigError, ModelNotFoundError
 CKPT_KEYWORDS = ("last", "best", "hpc", "registry")
 
 
-def ibpo_needs_corrections(ibpo: str, callbacks: list[Any]) -> Optional[str]:
-    if ibpo == "none" or any(callable(getattr(cb, "on_rollouts_scored", None)) for cb in callbacks):
+def ibpo_needs_corrections(variant: str, callbacks: list[Any]) -> Optional[str]:
+    if variant == "none" or any(callable(getattr(cb, "on_rollouts_scored", None)) for cb in callbacks):
         return None
     return (
-        f"model.algorithm.ibpo={ibpo!r} shapes rewards with correction rollouts, but no callback in "
-        "trainer.callbacks makes them: add callbacks.CorrectionRollouts, or set model.algorithm.ibpo: none"
+        f"model.algorithm.ibpo.variant={variant!r} shapes rewards with correction rollouts, but no callback in "
+        "trainer.callbacks makes them: add callbacks.CorrectionRollouts, or set model.algorithm.ibpo.variant: none"
     )
 
 
@@ -172,7 +172,7 @@ def check_fit_settings(model: Any, datamodule: Any, trainer: Any, ckpt_path: Opt
     path_problem = model_path_exists(model.model_name)
     problems = [
         path_problem,
-        ibpo_needs_corrections(model.algorithm.ibpo, list(trainer.callbacks)),
+        ibpo_needs_corrections(model.algorithm.ibpo.variant, list(trainer.callbacks)),
         engine_needs_sync(getattr(model.rollout_cfg, "backend", "hf"), list(trainer.callbacks)),
         schedule_has_length(trainer.max_steps, model.optim_cfg.total_steps),
         checkpoint_readable(ckpt_path),

@@ -31,7 +31,7 @@ engine decodes faster compiled and an fp32 engine does not; either way the engin
 takes minutes instead of seconds, once per ``fit``. That start, with model loading and the
 first weight sync, is reported apart as ``start s`` and is not in any step's seconds.
 
-IBPO shaping is off (``algorithm.ibpo: none``, no ``CorrectionRollouts``) so that both
+IBPO shaping is off (``algorithm.ibpo.variant: none``, no ``CorrectionRollouts``) so that both
 libraries do GSPO's work. A step's seconds are wall-clock from the end of the previous step to
 the end of this one (rollouts, rewards, update, weight sync, logging); the first ``--warmup``
 steps are not counted. CPU seconds per step (the arm's process and its children) are reported
@@ -185,7 +185,7 @@ def ibpo_config(settings: Settings, backend: str, precision: str, root: str) -> 
         "checkpoint": {"save_last": False, "save_top_k": 0},
         "model": {
             "model": settings.model, "dtype": "float32",
-            "algorithm": {"loss": "gspo", "eps_low": 3e-4, "eps_high": 4e-4, "advantage_scale": "group", "ibpo": "none"},
+            "algorithm": {"loss": "gspo", "eps_low": 3e-4, "eps_high": 4e-4, "advantage_scale": "group", "ibpo": {"variant": "none"}},
             "rollout": {
                 "group_size": settings.group_size, "backend": backend, "vllm": vllm,
                 "sampling": {"temperature": settings.temperature, "max_new_tokens": settings.max_new_tokens},
@@ -261,7 +261,7 @@ def run_trl_arm(settings: Settings, precision: str, workdir: str) -> dict:
         from trl import GRPOConfig, GRPOTrainer
     except Exception as err:  # not installed, or an incompatible install
         return {"skipped": f"TRL is not importable ({type(err).__name__}: {err}); "
-                           "pip install 'trl==1.16.*' --no-deps datasets pandas pyarrow"}
+                           "pip install -e '.[bench]' (TRL 1.16 with its own dependencies)"}
     import torch
     from transformers import TrainerCallback
 

@@ -9,9 +9,10 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from ibpo_lit.__main__ import main
-from ibpo_lit.ciw_scoring import CIWScorer
 from ibpo_lit.module import IBPOModule
 from ibpo_lit.rollout.batch import RolloutBatch
+from ibpo_lit.training.ciw_scorer import CIWScorer
+from ibpo_lit.training.update import PolicyUpdate
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 SOLUTIONS = [
@@ -44,17 +45,17 @@ class WrittenSolutions(Callback):
 @pytest.mark.parametrize("ibpo", ["none", "mask"])
 def test_loss_gets_the_scorers_weights(tmp_path, monkeypatch, ibpo):
     seen = []
-    original = IBPOModule.policy_loss
+    original = PolicyUpdate.policy_loss
 
     def spy(self, batch, advantages, token_weights=None, *args, **kwargs):
         seen.append((batch, advantages, token_weights))
         return original(self, batch, advantages, token_weights, *args, **kwargs)
 
-    monkeypatch.setattr(IBPOModule, "policy_loss", spy)
+    monkeypatch.setattr(PolicyUpdate, "policy_loss", spy)
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
     cli = main(["--config", os.path.join(ROOT, "configs", "tiny_ciw.yaml"), "--trainer.max_steps", "1",
                 "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar", "false",
-                "--model.algorithm.ibpo", ibpo, "--model.rollout.micro_batch_size", "64"], run=False)
+                "--model.algorithm.ibpo.variant", ibpo, "--model.rollout.micro_batch_size", "64"], run=False)
     cli.trainer.callbacks.insert(0, WrittenSolutions())
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
 

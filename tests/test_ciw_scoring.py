@@ -5,7 +5,9 @@ import torch
 
 from ibpo_lit.algorithms import grpo_loss, gspo_loss
 from ibpo_lit.algorithms.ciw import CIWConfig, Span, layout_response, layout_weights
-from ibpo_lit.ciw_scoring import (
+from ibpo_lit.models.tiny import build_tiny_model, build_tiny_tokenizer
+from ibpo_lit.rollout.batch import RolloutBatch
+from ibpo_lit.training.ciw_scorer import (
     CIWScorer,
     content_length,
     mask_token_id,
@@ -13,8 +15,6 @@ from ibpo_lit.ciw_scoring import (
     span_drops_loop,
     token_pieces,
 )
-from ibpo_lit.models.tiny import build_tiny_model, build_tiny_tokenizer
-from ibpo_lit.rollout.batch import RolloutBatch
 
 PROMPTS = ["Q: 2+3, doubled?\nA: ", "Q: 4*5+1?\nA: "]
 RESPONSES = [  # (prompt index, response text)

@@ -43,9 +43,9 @@ def test_config_parses_and_instantiates_without_loading_a_model(path, tmp_path):
     "override, message",
     [
         (["--model.algorithm.loss", "gspoo"], "unknown policy loss 'gspoo'; valid: grpo, gspo"),
-        (["--model.algorithm.ibpo", "maybe"], "valid: mask, none, plain, ratio"),
+        (["--model.algorithm.ibpo.variant", "maybe"], "valid: mask, none, plain, ratio"),
         (["--model.algorithm.agg_mode", "token-mean"], "agg_mode='token-mean' contradicts algorithm.loss='gspo'"),
-        (["--model.algorithm.ibpo_lambda", "2.5"], "lam"),
+        (["--model.algorithm.ibpo.lam", "2.5"], "lam"),
         (["--model.rollout.group_size", "1"], "rollout.group_size must be >= 2"),
         (["--model.rollout.sampling.top_p", "1.5"], "sampling.top_p"),
         (["--model.optim.lr", "0"], "optim.lr"),

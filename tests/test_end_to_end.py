@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ibpo_lit.__main__ import main
 from ibpo_lit.models.tiny import build_tiny_model
-from ibpo_lit.module import IBPOModule
+from ibpo_lit.training.update import PolicyUpdate
 
 TINY = os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.yaml")
 
@@ -74,14 +74,14 @@ def test_tensorboard_holds_the_metrics_and_a_checkpoint_is_written(tiny_run):
 def _first_gradients(monkeypatch):
     """Capture the accumulated gradients of the first optimizer step that has any."""
     captured = {}
-    original = IBPOModule._clip_and_check
+    original = PolicyUpdate.clip_and_check
 
     def spy(self):
         if not captured and any(p.grad is not None for p in self.policy.parameters()):
             captured.update({n: p.grad.clone() for n, p in self.policy.named_parameters() if p.grad is not None})
         return original(self)
 
-    monkeypatch.setattr(IBPOModule, "_clip_and_check", spy)
+    monkeypatch.setattr(PolicyUpdate, "clip_and_check", spy)
     return captured
 
 
@@ -108,23 +108,23 @@ def test_gradient_matches_an_independent_per_sequence_computation(tmp_path, monk
     each response alone (no padding, no batching, no skipping):
     on-policy s_i = 1, so grad J = (1/N) sum_i A_i * (1/|y_i|) sum_t grad log pi(y_it)."""
     captured = {}
-    original_update = IBPOModule._update
-    original_clip = IBPOModule._clip_and_check
+    original_update = PolicyUpdate.run
+    original_clip = PolicyUpdate.clip_and_check
 
-    def spy_update(self, update):
+    def spy_update(self, update, *args):
         if "batch" not in captured and bool((update.advantages != 0).any()):
             captured.update(batch=update.batch, advantages=update.advantages.clone(), policy=copy.deepcopy(self.policy))
             captured["temperature"] = self.rollout_cfg.sampling.temperature
-        return original_update(self, update)
+        return original_update(self, update, *args)
 
     def spy_clip(self):
         if "batch" in captured and "grads" not in captured:
             captured["grads"] = {n: p.grad.clone() for n, p in self.policy.named_parameters() if p.grad is not None}
         return original_clip(self)
 
-    monkeypatch.setattr(IBPOModule, "_update", spy_update)
-    monkeypatch.setattr(IBPOModule, "_clip_and_check", spy_clip)
-    fit(tmp_path, "--model.algorithm.ibpo", "none", steps=4)
+    monkeypatch.setattr(PolicyUpdate, "run", spy_update)
+    monkeypatch.setattr(PolicyUpdate, "clip_and_check", spy_clip)
+    fit(tmp_path, "--model.algorithm.ibpo.variant", "none", steps=4)
     assert "grads" in captured, "no step with a non-zero advantage in 4 steps"
 
     batch, adv, model, T = captured["batch"], captured["advantages"], captured["policy"], captured["temperature"]
@@ -146,8 +146,8 @@ def test_gradient_matches_an_independent_per_sequence_computation(tmp_path, monk
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["--model.algorithm.ibpo", "mask"],
-        ["--model.algorithm.ibpo", "ratio", "--model.algorithm.ibpo_lambda", "0.5"],
+        ["--model.algorithm.ibpo.variant", "mask"],
+        ["--model.algorithm.ibpo.variant", "ratio", "--model.algorithm.ibpo.lam", "0.5"],
         ["--model.algorithm.loss", "grpo", "--model.algorithm.agg_mode", "token-mean", "--model.algorithm.beta_kl",
          "0.01", "--model.algorithm.eps_low", "0.2", "--model.algorithm.eps_high", "0.28"],
         ["--model.rollout.num_mini_batches", "2", "--model.rollout.old_logp", "trainer"],

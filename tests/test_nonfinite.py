@@ -1,7 +1,7 @@
 """Non-finite guards: a NaN loss or an infinite gradient norm skips that optimizer step (the
 parameters and Adam's moments stay as they were), is counted in ``train/nonfinite_steps`` and
 training goes on; ``max_nonfinite_steps`` of them in a row stop the run with a message that says
-what went wrong. Faults are injected into tiny CPU fits by patching `IBPOModule`.
+what went wrong. Faults are injected into tiny CPU fits by patching `IBPOModule` and `PolicyUpdate`.
 
 The tiny random model almost never earns a math reward, so every advantage would be 0 and no
 forward pass would run; `IBPOModule.score` is replaced by the parity of a CRC of each response
@@ -19,7 +19,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ibpo_lit.__main__ import entry_point, main
-from ibpo_lit.module import IBPOModule, NonFiniteError
+from ibpo_lit.module import IBPOModule
+from ibpo_lit.training.update import NonFiniteError, PolicyUpdate
 
 TINY = os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.yaml")
 
@@ -51,16 +52,16 @@ def _scalars(root) -> dict[str, dict[int, float]]:
 def _watch_updates(monkeypatch) -> dict[int, dict]:
     """Snapshot parameters and optimizer state before and after each rollout step's update."""
     seen: dict[int, dict] = {}
-    original = IBPOModule._update
+    original = PolicyUpdate.run
 
-    def spy(self, update):
-        before = (copy.deepcopy(self.policy.state_dict()), copy.deepcopy(self.optimizers().optimizer.state_dict()))
-        out = original(self, update)
-        after = (copy.deepcopy(self.policy.state_dict()), copy.deepcopy(self.optimizers().optimizer.state_dict()))
-        seen[self.rollout_step] = {"before": before, "after": after}
+    def spy(self, update, optimizer, scheduler, step_index):
+        before = (copy.deepcopy(self.policy.state_dict()), copy.deepcopy(optimizer.optimizer.state_dict()))
+        out = original(self, update, optimizer, scheduler, step_index)
+        after = (copy.deepcopy(self.policy.state_dict()), copy.deepcopy(optimizer.optimizer.state_dict()))
+        seen[step_index] = {"before": before, "after": after}
         return out
 
-    monkeypatch.setattr(IBPOModule, "_update", spy)
+    monkeypatch.setattr(PolicyUpdate, "run", spy)
     return seen
 
 
@@ -78,26 +79,26 @@ def _nan_loss_once(monkeypatch) -> dict:
     """The losses of the first rollout step >= 1 that runs a forward pass become NaN (so its
     backward gives NaN gradients)."""
     hit: dict = {}
-    original = IBPOModule.policy_loss
+    original = PolicyUpdate.policy_loss
 
     def patched(self, *args, **kwargs):
         loss, metrics = original(self, *args, **kwargs)
-        if self.rollout_step >= 1 and hit.get("step", self.rollout_step) == self.rollout_step:
-            hit["step"] = self.rollout_step
+        if self.step_index >= 1 and hit.get("step", self.step_index) == self.step_index:
+            hit["step"] = self.step_index
             loss = loss * float("nan")
         return loss, metrics
 
-    monkeypatch.setattr(IBPOModule, "policy_loss", patched)
+    monkeypatch.setattr(PolicyUpdate, "policy_loss", patched)
     return hit
 
 
 def _inf_grad_once(monkeypatch) -> dict:
     """At rollout step 1 one gradient entry becomes +inf before clipping (a finite loss)."""
     hit: dict = {}
-    original = IBPOModule._clip_and_check
+    original = PolicyUpdate.clip_and_check
 
     def patched(self):
-        if self.rollout_step == 1 and not hit:
+        if self.step_index == 1 and not hit:
             p = next(p for p in self.policy.parameters() if p.requires_grad)
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -105,7 +106,7 @@ def _inf_grad_once(monkeypatch) -> dict:
             hit["step"] = 1
         return original(self)
 
-    monkeypatch.setattr(IBPOModule, "_clip_and_check", patched)
+    monkeypatch.setattr(PolicyUpdate, "clip_and_check", patched)
     return hit
 
 
@@ -119,7 +120,7 @@ def test_a_nonfinite_step_is_skipped_counted_and_training_goes_on(tmp_path, monk
     bad = hit["step"]
 
     assert cli.trainer.global_step == 3  # the skipped step still counts as a step
-    assert cli.model._nonfinite_total == 1
+    assert cli.model.updater.nonfinite_total == 1
     before, after = updates[bad]["before"], updates[bad]["after"]
     assert _same(before[0], after[0]), "parameters changed on a skipped step"
     assert _same(before[1]["state"], after[1]["state"]), "Adam's moments changed on a skipped step"
@@ -134,7 +135,7 @@ def test_a_nonfinite_step_is_skipped_counted_and_training_goes_on(tmp_path, monk
 
 
 def _always_nonfinite(monkeypatch) -> None:
-    monkeypatch.setattr(IBPOModule, "_clip_and_check", lambda self: float("nan"))
+    monkeypatch.setattr(PolicyUpdate, "clip_and_check", lambda self: float("nan"))
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from ibpo_lit.config import OptimConfig
-from ibpo_lit.module import use_fused_adamw
+from ibpo_lit.training.optimizer import use_fused_adamw
 
 
 def _params(dtype=torch.float32):

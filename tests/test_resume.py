@@ -3,7 +3,7 @@ that was never stopped ends, bitwise on the CPU; a kill during a save leaves the
 checkpoint whole; every global RNG travels in the checkpoint.
 
 Why bitwise is possible here: every sampling seed is a function of (seed, step, stream, row)
-(`ibpo_lit.seeding`), the data stream's position, the optimizer, the scheduler and the module's
+(`ibpo_lit.training.seeding`), the data stream's position, the optimizer, the scheduler and the module's
 counters are in the checkpoint, and both runs execute the same float operations on the same
 CPU. Only wall-clock metrics (``timing/*``, ``train/tokens_per_s``,
 ``compute/device_seconds``) are left out of the comparison.
@@ -37,8 +37,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from ibpo_lit.checkpoint_io import AtomicCheckpointIO, atomic_torch_save
-from ibpo_lit.rng_state import capture_rng_state, restore_rng_state
+from ibpo_lit.training.checkpoint_io import AtomicCheckpointIO, atomic_torch_save
+from ibpo_lit.training.rng_state import capture_rng_state, restore_rng_state
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = str(REPO / "configs" / "tiny.yaml")
@@ -63,7 +63,7 @@ from ibpo_lit.rewards import REWARDS
 def hash_parity(completion, gold):
     return float(zlib.crc32(completion.encode()) % 2)
 
-REWARDS["hash_parity"] = hash_parity
+REWARDS.register("hash_parity")(hash_parity)
 """
 
 # `python -m ibpo_lit` with the reward above registered here and in every reward worker.
@@ -72,7 +72,7 @@ import functools, sys
 sys.path.insert(0, sys.argv[1])
 import hash_reward
 import ibpo_lit.module, ibpo_lit.rewards
-ibpo_lit.module.RewardPool = functools.partial(ibpo_lit.rewards.RewardPool, import_modules=["hash_reward"])
+ibpo_lit.module.scoring_pool = functools.partial(ibpo_lit.rewards.scoring_pool, import_modules=["hash_reward"])
 from ibpo_lit.__main__ import entry_point
 sys.exit(entry_point(sys.argv[2:]))
 """
@@ -189,7 +189,7 @@ def test_sigkill_then_resume_equals_a_straight_run(tmp_path):
 # A writer killed while `atomic_torch_save` is half-way through the second save.
 _HALF_WRITE = r"""
 import io, sys, time, torch
-import ibpo_lit.checkpoint_io as cio
+import ibpo_lit.training.checkpoint_io as cio
 path = sys.argv[1]
 cio.atomic_torch_save({"step": 1, "w": torch.arange(4.0)}, path)
 real_save = torch.save

@@ -63,7 +63,7 @@ def test_paper_config(monkeypatch, name, nodes, tp, context):
     assert (8 * nodes) % tp == 0
     assert module.rollout_cfg.sampling.max_new_tokens + cli.datamodule.max_prompt_tokens == context
     assert module.optim_cfg.lr == 5e-7 and module.optim_cfg.warmup_ratio == 0.03 and module.optim_cfg.min_lr_ratio == 0.1
-    assert module.algorithm.loss == "gspo" and module.algorithm.ibpo == "plain"
+    assert module.algorithm.loss == "gspo" and module.algorithm.ibpo.variant == "plain"
 
 
 @pytest.mark.parametrize("name, devices, strategy_type", [

@@ -1,7 +1,7 @@
 import math
 
 from ibpo_lit.algorithms.schedule import warmup_cosine
-from ibpo_lit.seeding import CORRECTIONS, MAIN_ROLLOUTS, rollout_seeds
+from ibpo_lit.training.seeding import CORRECTIONS, MAIN_ROLLOUTS, rollout_seeds
 
 
 def test_warmup_is_linear_then_cosine_to_the_floor():

@@ -75,7 +75,7 @@ def test_debug_env_keeps_the_traceback(tmp_path, monkeypatch):
          "algorithm.agg_mode='seq-mean-token-sum' contradicts algorithm.loss='gspo'"),
         (["--model.rollout.group_size", "1"], "rollout.group_size must be >= 2 (got 1)"),
         (["--trainer.callbacks", "[]"],
-         "model.algorithm.ibpo='plain' shapes rewards with correction rollouts, but no callback"),
+         "model.algorithm.ibpo.variant='plain' shapes rewards with correction rollouts, but no callback"),
         (["--model.rollout.num_mini_batches", "64"], "model.rollout.num_mini_batches=64 exceeds the 16 responses"),
         (["--model.rollout.backend", "vllm"], "model.rollout.backend='vllm' samples from a separate copy"),
         (["--trainer.max_steps", "-1"], "set trainer.max_steps (or model.optim.total_steps)"),

@@ -1,16 +1,16 @@
 """The formulas of docs/METHOD.md as pure tensor functions (no Lightning, no models, no I/O).
 
 Importing this package fills the registries (``POLICY_LOSSES``, ``ADVANTAGE_SCALES``,
-``SHAPING_VARIANTS``, ``AGGREGATIONS``), so a config can name any entry. The common policy-loss
-call is::
+``SHAPING_VARIANTS``, ``AGGREGATIONS``), so a config can name any entry. Every policy loss is
+called the same way::
 
     loss, metrics = POLICY_LOSSES.get(name)(
-        logp, old_logp, advantages, mask,
-        token_weights=w, num_seqs=n_seqs, num_tokens=n_tokens, **user_kwargs)
+        LossInputs(logp, old_logp, advantages, mask, token_weights=w, num_seqs=n_seqs,
+                   num_tokens=n_tokens, ref_logp=ref), LossSettings(eps_low, eps_high, ...))
 
 with logp, old_logp, mask, w [B, T], advantages [B], and ``num_seqs`` / ``num_tokens`` the
-GLOBAL counts of the whole batch under micro-batching (``aggregation.py``). GSPO ignores
-``num_tokens`` and takes no ``agg_mode``; see ``registry.py`` for the full contract.
+GLOBAL counts of the whole batch under micro-batching (``aggregation.py``); see
+``registry.py`` for the full contract of each table.
 """
 from ibpo_lit.algorithms.advantages import group_advantages, grouped_advantages
 from ibpo_lit.algorithms.aggregation import aggregate
@@ -28,6 +28,8 @@ from ibpo_lit.algorithms.registry import (
     AGGREGATIONS,
     POLICY_LOSSES,
     SHAPING_VARIANTS,
+    LossInputs,
+    LossSettings,
     Registry,
     get_advantage_scale,
     get_aggregation,
@@ -44,6 +46,8 @@ from ibpo_lit.algorithms.shaping import (
 __all__ = [
     "ADVANTAGE_SCALES",
     "AGGREGATIONS",
+    "LossInputs",
+    "LossSettings",
     "POLICY_LOSSES",
     "SHAPING_VARIANTS",
     "Registry",

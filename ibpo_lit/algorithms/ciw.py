@@ -1,7 +1,7 @@
 """Counterfactual importance weighting, CIW (METHOD section 8): the pure parts.
 
 A response is split into a *reasoning region* and an *answer region* at the final-answer
-marker; spans of the reasoning region are masked one at a time (``ibpo_lit/ciw_scoring.py``
+marker; spans of the reasoning region are masked one at a time (``ibpo_lit/training/ciw_scorer.py``
 runs those forward passes); each span's answer log-prob drop becomes token importance, and
 importance becomes a per-token weight ``w_t`` for ``gspo_loss`` / ``grpo_loss``
 (``token_weights``, [B, T] float32).

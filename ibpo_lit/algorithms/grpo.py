@@ -19,10 +19,9 @@ import torch
 from torch import Tensor
 
 from ibpo_lit.algorithms.aggregation import aggregate
-from ibpo_lit.algorithms.registry import POLICY_LOSSES
+from ibpo_lit.algorithms.registry import POLICY_LOSSES, LossInputs, LossSettings
 
 
-@POLICY_LOSSES.register("grpo")
 def grpo_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -97,3 +96,12 @@ def grpo_loss(
         if kl is not None:
             metrics["kl"] = torch.where(valid, kl, 0.0).sum() / n_valid
     return loss, metrics
+
+
+@POLICY_LOSSES.register("grpo")
+def grpo_policy_loss(inputs: LossInputs, settings: LossSettings) -> tuple[Tensor, dict[str, Tensor]]:
+    """``grpo_loss`` under the registry's contract."""
+    optional = {"agg_mode": settings.agg_mode} if settings.agg_mode is not None else {}
+    return grpo_loss(inputs.logp, inputs.old_logp, inputs.advantages, inputs.mask, settings.eps_low,
+                     settings.eps_high, token_weights=inputs.token_weights, ref_logp=inputs.ref_logp,
+                     beta_kl=settings.beta_kl, num_seqs=inputs.num_seqs, num_tokens=inputs.num_tokens, **optional)

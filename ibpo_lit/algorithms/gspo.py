@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ibpo_lit.algorithms.registry import POLICY_LOSSES
+from ibpo_lit.algorithms.registry import POLICY_LOSSES, LossInputs, LossSettings
 
 
 def _masked(x: Tensor, valid: Tensor) -> Tensor:
@@ -35,7 +35,6 @@ def _masked(x: Tensor, valid: Tensor) -> Tensor:
     return torch.where(valid, x.float(), 0.0)
 
 
-@POLICY_LOSSES.register("gspo")
 def gspo_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -108,3 +107,11 @@ def gspo_loss(
                 "ratio_min": one.clone(),
             }
     return loss, metrics
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_policy_loss(inputs: LossInputs, settings: LossSettings) -> tuple[Tensor, dict[str, Tensor]]:
+    """``gspo_loss`` under the registry's contract (GSPO has no aggregation choice and no KL)."""
+    return gspo_loss(inputs.logp, inputs.old_logp, inputs.advantages, inputs.mask, settings.eps_low,
+                     settings.eps_high, token_weights=inputs.token_weights, num_seqs=inputs.num_seqs,
+                     num_tokens=inputs.num_tokens)

@@ -7,66 +7,60 @@ imports all of them, so the tables are complete whenever this module is reachabl
 
 Contracts of the entries:
 
-- ``POLICY_LOSSES[name](logp, old_logp, advantages, mask, *, token_weights=None,
-  num_seqs=None, num_tokens=None, **user_kwargs) -> (loss, metrics)``.
-  logp, old_logp, mask, token_weights [B, T]; advantages [B]; loss a scalar to minimise;
-  metrics a dict of detached scalar tensors. ``num_seqs`` / ``num_tokens`` are the GLOBAL
-  counts of the whole batch when the caller splits it into micro-batches (see
-  ``aggregation.py``). Every loss accepts both keywords; GSPO ignores ``num_tokens`` (it is
-  always a mean over sequences). ``user_kwargs`` are loss-specific (``eps_low``,
-  ``eps_high``; GRPO also ``agg_mode``, ``ref_logp``, ``beta_kl``); passing a GRPO-only
-  keyword to GSPO is a ``TypeError``, which the config validation should catch first.
+- ``POLICY_LOSSES[name](inputs: LossInputs, settings: LossSettings) -> (loss, metrics)``: every
+  loss takes the same two arguments, so the caller never branches on the loss's name.
+  ``inputs`` holds logp, old_logp, mask, token_weights [B, T], advantages [B], ``ref_logp``
+  [B, T] (set by the caller when ``settings.needs_ref_logp``) and ``num_seqs`` /
+  ``num_tokens``, the GLOBAL counts of the whole batch when the caller splits it into
+  micro-batches (see ``aggregation.py``). ``settings`` holds the clip range, GRPO's
+  aggregation and the KL weight (from ``algorithm``; a loss ignores what it has no use for:
+  GSPO is always a mean over each sequence's tokens, then sequences). loss is a scalar to
+  minimise; metrics a dict of detached scalar tensors. The pure formulas (``gspo_loss``,
+  ``grpo_loss``) keep their own keyword signatures; the entries adapt them.
 - ``ADVANTAGE_SCALES[name](rewards, finite, group_index, group_mean, group_count) -> [B]``:
   the denominator of ``A = (r - mean_g) / denominator`` (see ``advantages.py``).
 - ``AGGREGATIONS[name](loss_mat, mask, num_seqs, num_tokens) -> scalar`` (``aggregation.py``).
-- ``SHAPING_VARIANTS[name](beta, kept_fraction) -> Delta`` when the IBPO condition holds
-  (``shaping.py``); works on floats and on [B] tensors.
+- ``SHAPING_VARIANTS[name](beta, kept_fraction, changed) -> (Delta, token_weights)`` for the
+  rows where the IBPO condition holds (``shaping.py``): ``kept_fraction`` a float or [B],
+  ``changed`` the [B, T] float mask of response tokens the correction changed (None for the
+  scalar reference); ``token_weights`` [B, T] or None (every token weight 1).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from dataclasses import dataclass
+from typing import Callable, Optional
 
-T = TypeVar("T")
+from torch import Tensor
+
+from ibpo_lit.registry import Registry
 
 
-class Registry:
-    """A named table of implementations of one kind (used in error messages)."""
+@dataclass(frozen=True)
+class LossSettings:
+    """A policy loss's settings, from ``algorithm`` (see ``AlgorithmConfig``)."""
 
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._entries: dict[str, Any] = {}
+    eps_low: float
+    eps_high: float
+    agg_mode: Optional[str] = None  # GRPO's aggregation (None: the loss's default)
+    beta_kl: float = 0.0  # KL weight to the reference policy (GRPO)
 
-    def register(self, name: str) -> Callable[[T], T]:
-        """Decorator: ``@REGISTRY.register("name")`` stores the object under ``name``."""
+    @property
+    def needs_ref_logp(self) -> bool:
+        return self.beta_kl > 0
 
-        def decorator(obj: T) -> T:
-            if name in self._entries:
-                raise ValueError(f"{self.kind} {name!r} is already registered")
-            self._entries[name] = obj
-            return obj
 
-        return decorator
+@dataclass
+class LossInputs:
+    """What every policy loss is computed from (shapes in the module docstring)."""
 
-    def get(self, name: str) -> Any:
-        """The object registered as ``name``; ``ValueError`` listing valid names otherwise."""
-        try:
-            return self._entries[name]
-        except (KeyError, TypeError):  # TypeError: unhashable name from a bad config
-            raise ValueError(
-                f"unknown {self.kind} {name!r}; valid: {', '.join(self.names())}"
-            ) from None
-
-    def names(self) -> list[str]:
-        return sorted(self._entries)
-
-    def __contains__(self, name: object) -> bool:
-        try:
-            return name in self._entries
-        except TypeError:  # unhashable
-            return False
-
-    def __repr__(self) -> str:
-        return f"Registry({self.kind!r}, names={self.names()})"
+    logp: Tensor
+    old_logp: Tensor
+    advantages: Tensor
+    mask: Tensor
+    token_weights: Optional[Tensor] = None
+    num_seqs: Optional[float] = None
+    num_tokens: Optional[float] = None
+    ref_logp: Optional[Tensor] = None
 
 
 POLICY_LOSSES = Registry("policy loss")

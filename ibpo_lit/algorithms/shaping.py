@@ -30,28 +30,30 @@ from torch import Tensor
 from ibpo_lit.algorithms.registry import SHAPING_VARIANTS
 
 
-# Each entry maps (beta, kept_fraction) -> Delta where the condition holds; kept_fraction is
-# a float or a [B] tensor. Its maximum over kept_fraction in [0, 1] is fn(beta, 1.0).
+# Each entry maps (beta, kept_fraction, changed) -> (Delta, token_weights) for the rows where
+# the condition holds; kept_fraction is a float or a [B] tensor, changed the [B, T] float mask
+# of the response tokens the correction changed (None in the scalar reference). The maximum
+# Delta over kept_fraction in [0, 1] is fn(beta, 1.0, None)[0].
 @SHAPING_VARIANTS.register("none")
-def _delta_none(beta, kept_fraction):
-    return 0.0
+def _delta_none(beta, kept_fraction, changed):
+    return 0.0, None
 
 
 @SHAPING_VARIANTS.register("plain")
-def _delta_plain(beta, kept_fraction):
-    return beta
+def _delta_plain(beta, kept_fraction, changed):
+    return beta, None
 
 
 @SHAPING_VARIANTS.register("ratio")
-def _delta_ratio(beta, kept_fraction):
+def _delta_ratio(beta, kept_fraction, changed):
     if kept_fraction is None:
         raise ValueError("shaping variant 'ratio' needs kept_fraction (|U| / T)")
-    return kept_fraction
+    return kept_fraction, None
 
 
 @SHAPING_VARIANTS.register("mask")
-def _delta_mask(beta, kept_fraction):
-    return beta
+def _delta_mask(beta, kept_fraction, changed):
+    return beta, changed  # only the tokens the correction changed get gradient
 
 
 class ShapingResult(NamedTuple):
@@ -68,7 +70,7 @@ def validate_shaping(variant: str, lam: float, beta: float) -> None:
         raise ValueError(f"shaping lam must be >= 0; got {lam}")
     if beta < 0:
         raise ValueError(f"shaping beta must be >= 0; got {beta}")
-    max_delta = delta_fn(beta, 1.0)
+    max_delta = delta_fn(beta, 1.0, None)[0]
     if lam * max_delta >= 1:
         bound = f"beta={beta}" if variant in ("plain", "mask") else f"max Delta={max_delta}"
         raise ValueError(
@@ -103,7 +105,7 @@ def ibpo_delta(
     delta_fn = SHAPING_VARIANTS.get(variant)
     if not (_is_value(reward, 0) and _is_value(correction_reward, 1) and not rewrite):
         return 0.0
-    return float(delta_fn(beta, kept_fraction))
+    return float(delta_fn(beta, kept_fraction, None)[0])
 
 
 def shape_rewards(
@@ -139,12 +141,11 @@ def shape_rewards(
 
     # NaN == x is False, so unscorable rows and rows without a correction drop out here.
     condition = (rewards == 0) & (correction_rewards.to(dtype) == 1) & ~rewrite.bool()
-    value = torch.as_tensor(delta_fn(beta, kept_fraction), dtype=dtype, device=rewards.device)
+    changed = (~kept_mask.bool() & response_mask.bool()).to(dtype)
+    value, weights = delta_fn(beta, kept_fraction, changed)
+    value = torch.as_tensor(value, dtype=dtype, device=rewards.device)
     delta = torch.where(condition, value.expand_as(rewards), 0.0)
     shaped = rewards + lam * delta
-
-    token_weights = None
-    if variant == "mask":
-        changed = (~kept_mask.bool() & response_mask.bool()).to(dtype)
-        token_weights = torch.where((delta > 0)[:, None], changed, torch.ones_like(changed))
+    # The variant's token weights apply where it shaped (Delta > 0); every other row keeps 1.
+    token_weights = None if weights is None else torch.where((delta > 0)[:, None], weights, torch.ones_like(weights))
     return ShapingResult(shaped, delta, token_weights)

@@ -42,7 +42,7 @@ from typing import Sequence
 
 from torch import Tensor
 
-from ibpo_lit.seeding import REFERENCE_CHOICE, rollout_seeds
+from ibpo_lit.training.seeding import REFERENCE_CHOICE, rollout_seeds
 
 BASELINES = ("test_time_correction", "test_time_correction_oracle", "best_of_n")
 CORRECTION_BASELINES = {"test_time_correction": "ttc", "test_time_correction_oracle": "ttc_oracle"}  # -> key prefix

@@ -4,7 +4,7 @@ The choices (which samples, which reference, the oracle) and the arithmetic are 
 ``ibpo_lit.evaluation.baselines``; this module is the stage that needs the model.
 
 What is covered:
-- The correction prompt is training's: ``callbacks.correction.CorrectionRollouts`` with its
+- The correction prompt is training's: ``ibpo_lit.data.correction_prompt.CorrectionPrompt`` with its
   default templates (math: both solutions quoted, then the problem's own answer instruction;
   code: both programs as ```python blocks), rendered with the chat template and system prompt
   of the evaluation's prompts.
@@ -26,12 +26,17 @@ from typing import Any, Sequence
 
 import torch
 
+from ibpo_lit.data.correction_prompt import CorrectionPrompt
 from ibpo_lit.data.prompt import Prompt
-from ibpo_lit.evaluation.baselines import CORRECTION_BASELINES, correction_metrics, reference_table
+from ibpo_lit.evaluation.baselines import (
+    CORRECTION_BASELINES,
+    correction_metrics,
+    reference_table,
+)
 from ibpo_lit.evaluation.metrics import correct_matrix
 from ibpo_lit.evaluation.sampling import generate
 from ibpo_lit.evaluation.scoring import Verdicts, score_samples, status_counts
-from ibpo_lit.seeding import CORRECTIONS, rollout_seeds
+from ibpo_lit.training.seeding import CORRECTIONS, rollout_seeds
 
 
 @dataclass(frozen=True)
@@ -46,13 +51,11 @@ def correction_prompt_ids(
     max_prompt_tokens: int,
 ) -> list[list[int]]:
     """Token ids of every correction prompt, problem-major ([N * k]), training's template."""
-    from callbacks.correction import CorrectionRollouts  # imports Lightning: only when asked for
-
-    builder = CorrectionRollouts()
+    builder = CorrectionPrompt()
     ids = []
     for prompt, samples, row in zip(prompts, completions, refs):
         for j, ref in enumerate(row):
-            prompt_ids = builder.correction_prompt_ids(tokenizer, prompt, samples[j], samples[ref])
+            prompt_ids = builder.ids(tokenizer, prompt, samples[j], samples[ref])
             if len(prompt_ids) > max_prompt_tokens:
                 raise ValueError(
                     f"correction prompt of {prompt.uid} sample {j} has {len(prompt_ids)} tokens > "

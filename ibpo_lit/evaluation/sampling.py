@@ -1,7 +1,7 @@
 """Sampling for evaluation: the HF engine over many prompts, with a seed per response.
 
 Every response's seed is fixed before batching (the caller computes it from the problem's index
-and the sample's index, ``ibpo_lit.seeding``), and ``HFRolloutEngine`` samples each row from its
+and the sample's index, ``ibpo_lit.training.seeding``), and ``HFRolloutEngine`` samples each row from its
 own generator, so what a problem gets does not depend on ``batch_size`` or on ``limit``.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Sequence
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.models.loading import eos_token_ids
 from ibpo_lit.rollout.engine import SamplingConfig
-from ibpo_lit.seeding import MAIN_ROLLOUTS, rollout_seeds
+from ibpo_lit.training.seeding import MAIN_ROLLOUTS, rollout_seeds
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +21,9 @@ Samples = tuple[list[list[str]], list[list[int]], list[list[bool]]]  # texts, le
 
 def make_engine(model, tokenizer, sampling: SamplingConfig):
     """An ``HFRolloutEngine`` over ``model`` with the evaluation's decoding settings."""
-    from ibpo_lit.rollout.hf import HFRolloutEngine  # transformers' generation code is slow to import
+    from ibpo_lit.rollout.hf import (
+        HFRolloutEngine,  # transformers' generation code is slow to import
+    )
 
     return HFRolloutEngine(model, eos_token_ids(model, tokenizer), tokenizer.pad_token_id, sampling)
 

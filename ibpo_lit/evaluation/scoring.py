@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
-from ibpo_lit.rewards import math_scores
+from ibpo_lit.rewards import math_scores, scoring_pool
 from ibpo_lit.rewards.code import STATUSES, CodeResult
 
 UNSCORABLE = "unscorable"  # as SandboxPool counts a run the harness could not score
@@ -59,9 +59,7 @@ def score_samples(
 
 
 def _run_code(completions: list[str], golds: list[str], workers: int) -> list[CodeResult | None]:
-    from ibpo_lit.rewards.sandbox.pool import SandboxPool
-
-    with SandboxPool(num_workers=workers) as pool:
+    with scoring_pool("code", num_workers=workers) as pool:  # training's pool for code, too
         return pool.run(list(zip(completions, golds)))
 
 

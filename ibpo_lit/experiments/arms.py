@@ -47,7 +47,7 @@ def _without_corrections(cfg: dict) -> dict:
 
 def _with_corrections(cfg: dict) -> dict:
     if not any(cb.get("class_path") == CORRECTION for cb in _callbacks(cfg)):
-        _callbacks(cfg).append({"class_path": CORRECTION, "init_args": {"alpha": 0.6}})
+        _callbacks(cfg).append({"class_path": CORRECTION})
     if not any(cb.get("class_path") == "callbacks.CorrectionMetrics" for cb in _callbacks(cfg)):
         _callbacks(cfg).append({"class_path": "callbacks.CorrectionMetrics"})
     return cfg
@@ -63,14 +63,14 @@ def _set(cfg: dict, dotted: str, value) -> None:
 
 def gspo_large(cfg: dict, s: ArmSettings) -> dict:
     """GSPO alone with a group 4x larger (the paper's G = 64 against IBPO's G = 8)."""
-    _set(cfg, "model.algorithm.ibpo", "none")
+    _set(cfg, "model.algorithm.ibpo.variant", "none")
     _set(cfg, "model.rollout.group_size", 4 * s.small_group)
     return _without_corrections(cfg)
 
 
 def _ibpo(variant: str) -> Callable[[dict, ArmSettings], dict]:
     def arm(cfg: dict, s: ArmSettings) -> dict:
-        _set(cfg, "model.algorithm.ibpo", variant)
+        _set(cfg, "model.algorithm.ibpo.variant", variant)
         _set(cfg, "model.rollout.group_size", s.small_group)
         return _with_corrections(cfg)
 
@@ -78,24 +78,13 @@ def _ibpo(variant: str) -> Callable[[dict, ArmSettings], dict]:
     return arm
 
 
-def _correction_args(cfg: dict) -> dict:
-    """The ``init_args`` of the arm's CorrectionRollouts (added if the base has none)."""
-    _with_corrections(cfg)
-    callback = next(cb for cb in _callbacks(cfg) if cb.get("class_path") == CORRECTION)
-    return callback.setdefault("init_args", {})
-
-
-def _ibpo_plain_with(
-    *, correction: dict | None = None, algorithm: dict | None = None, doc: str
-) -> Callable[[dict, ArmSettings], dict]:
-    """IBPO plain at the small group with some CorrectionRollouts init args and
-    ``model.algorithm`` fields changed."""
+def _ibpo_plain_with(*, ibpo: dict, doc: str) -> Callable[[dict, ArmSettings], dict]:
+    """IBPO plain at the small group with some ``model.algorithm.ibpo`` fields changed."""
 
     def arm(cfg: dict, s: ArmSettings) -> dict:
         cfg = _ibpo("plain")(cfg, s)
-        _correction_args(cfg).update(correction or {})
-        for key, value in (algorithm or {}).items():
-            _set(cfg, f"model.algorithm.{key}", value)
+        for key, value in ibpo.items():
+            _set(cfg, f"model.algorithm.ibpo.{key}", value)
         return cfg
 
     arm.__doc__ = doc
@@ -118,10 +107,10 @@ def _ciw_arm(base: str, mode: str | None) -> Callable[[dict, ArmSettings], dict]
     def arm(cfg: dict, s: ArmSettings) -> dict:
         _set(cfg, "model.rollout.group_size", s.small_group)
         if base == "ibpo_mask":
-            _set(cfg, "model.algorithm.ibpo", "mask")
+            _set(cfg, "model.algorithm.ibpo.variant", "mask")
             _with_corrections(cfg)
         else:
-            _set(cfg, "model.algorithm.ibpo", "none")
+            _set(cfg, "model.algorithm.ibpo.variant", "none")
             _without_corrections(cfg)
             if base == "dapo":
                 _dapo(cfg)
@@ -145,20 +134,20 @@ ARM_FAMILIES: dict[str, dict[str, Callable[[dict, ArmSettings], dict]]] = {
     },
     "ablations": {
         "k1": _ibpo_plain_with(
-            correction={"reference": "none"},
+            ibpo={"reference": "none"},
             doc="IBPO plain, k = 1: each wrong rollout is revised alone, with no reference.",
         ),
         "shaping_only": _ibpo_plain_with(
-            correction={"train_on_corrections": False},
+            ibpo={"train_on_corrections": False},
             doc="IBPO plain whose corrections shape rewards but are not trained.",
         ),
     },
     "lambda": {
-        f"lambda_{lam}": _ibpo_plain_with(algorithm={"ibpo_lambda": lam}, doc=f"IBPO plain with lambda = {lam}.")
+        f"lambda_{lam}": _ibpo_plain_with(ibpo={"lam": lam}, doc=f"IBPO plain with lambda = {lam}.")
         for lam in LAMBDAS
     },
     "alpha": {
-        f"alpha_{alpha}": _ibpo_plain_with(correction={"alpha": alpha}, doc=f"IBPO plain with alpha = {alpha}.")
+        f"alpha_{alpha}": _ibpo_plain_with(ibpo={"alpha": alpha}, doc=f"IBPO plain with alpha = {alpha}.")
         for alpha in ALPHAS
     },
     # CIW's arms (issue: DAPO vs DAPO+CIW, GSPO vs GSPO+CIW, IBPO-mask+CIW; inverted ablation)

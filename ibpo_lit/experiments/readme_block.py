@@ -1,5 +1,5 @@
-"""Replacing a generated block of a markdown file (the README) between two marker lines,
-leaving everything outside them as it was."""
+"""Replacing a generated block of a markdown file (``docs/results.md``, written by
+``scripts/report.py --doc``) between two marker lines, leaving everything outside them as it was."""
 from __future__ import annotations
 
 START = "<!-- report:start -->"

@@ -1,18 +1,20 @@
 """Verifiers: strings in, scores out. A reward is found by name with `get_reward`.
 
-``REWARDS`` maps a name to an in-process function ``fn(completion, gold) -> float | None`` with
-no time limit (``"math"`` is `math_score_inprocess`). To score with a hard timeout, run a reward
+``REWARDS`` (a `Registry`, as the losses are) maps a name to an in-process function
+``fn(completion, gold) -> float | None`` with no time limit; ``@REWARDS.register("name")`` adds one (``"math"`` is `math_score_inprocess`). To score with a hard timeout, run a reward
 by name in a `RewardPool` (worker processes, killed past the timeout); `math_score` and
 `math_scores` do that for "math" through a shared default pool.
 
 ``"code"`` is `code_reward`: the gold is `CodeTests.to_gold()` and the program runs in a sandbox
 with its own time limit (`ibpo_lit.rewards.code`); `run_tests` and `code_score` run tests given
 directly, and `SandboxPool` runs several programs at once and counts their statuses.
+`scoring_pool(reward, ...)` is the pool training and evaluation both score a reward with.
 
 Keep this package light (no torch, no Lightning): pool workers import it.
 """
 from __future__ import annotations
 
+from ibpo_lit.registry import Registry
 from ibpo_lit.rewards.code import (
     CodeResult,
     CodeTests,
@@ -33,11 +35,12 @@ from ibpo_lit.rewards.math import (
 from ibpo_lit.rewards.pool import RewardPool
 from ibpo_lit.rewards.sandbox.isolation import SandboxUnavailable
 from ibpo_lit.rewards.sandbox.pool import SandboxPool
+from ibpo_lit.rewards.scoring import scoring_pool
 
-REWARDS: dict[str, RewardFn] = {
-    "math": math_score_inprocess,
-    "code": code_reward,
-}
+# Every entry: fn(completion, gold) -> float | None, in-process, no time limit (pools add one).
+REWARDS = Registry("reward")
+REWARDS.register("math")(math_score_inprocess)
+REWARDS.register("code")(code_reward)
 
 
 def get_reward(name: str) -> RewardFn:
@@ -46,10 +49,7 @@ def get_reward(name: str) -> RewardFn:
     Raises:
         ValueError: if no verifier has that name (the message lists the valid names).
     """
-    try:
-        return REWARDS[name]
-    except KeyError:
-        raise ValueError(f"unknown reward {name!r}; valid names: {sorted(REWARDS)}") from None
+    return REWARDS.get(name)
 
 
 __all__ = [
@@ -61,6 +61,7 @@ __all__ = [
     "SandboxError",
     "SandboxPool",
     "SandboxUnavailable",
+    "scoring_pool",
     "code_reward",
     "code_score",
     "extract_code",

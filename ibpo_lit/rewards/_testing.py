@@ -48,13 +48,6 @@ def _mixed(completion: str, gold: str) -> float | None:
     return _MISBEHAVIOURS.get(completion, math_score_inprocess)(completion, gold)
 
 
-REWARDS.update(
-    {
-        "sleep": _sleep,
-        "busy_c": _busy_c,
-        "raise": _raise,
-        "none": _none,
-        "heavy_imports": _heavy_imports,
-        "mixed": _mixed,
-    }
-)
+for _name, _fn in {"sleep": _sleep, "busy_c": _busy_c, "raise": _raise, "none": _none,
+                   "heavy_imports": _heavy_imports, "mixed": _mixed}.items():
+    REWARDS.register(_name)(_fn)

@@ -106,7 +106,9 @@ class RewardPool:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        from ibpo_lit.rewards import get_reward  # here: ibpo_lit.rewards imports this module
+        from ibpo_lit.rewards import (
+            get_reward,  # here: ibpo_lit.rewards imports this module
+        )
 
         self.import_modules = list(import_modules or [])
         for name in self.import_modules:
@@ -131,6 +133,11 @@ class RewardPool:
             raise
 
     # ---------------------------------------------------------------- public
+    @property
+    def unscorable(self) -> dict[str, int]:
+        """Items scored None so far, by cause (``timeout``, ``error``, ``none``)."""
+        return {k: self.stats[k] for k in ("timeout", "error", "none")}
+
     def score(self, pairs: list[tuple[str, str]]) -> list[float | None]:
         """Score each (completion, gold) pair; None where it timed out, raised or was None.
 

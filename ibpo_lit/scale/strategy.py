@@ -39,8 +39,8 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision, Precision
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 
-from ibpo_lit.checkpoint_io import fsync_dir
 from ibpo_lit.scale.fsdp2 import FSDP2Plan
+from ibpo_lit.training.checkpoint_io import fsync_dir
 
 _DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 

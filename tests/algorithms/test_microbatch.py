@@ -3,7 +3,7 @@ num_tokens, must give the full-batch loss and gradient (gradient-accumulation in
 import pytest
 import torch
 
-from ibpo_lit.algorithms import POLICY_LOSSES, aggregate
+from ibpo_lit.algorithms import POLICY_LOSSES, LossInputs, LossSettings, aggregate
 
 CASES = [("gspo", {}), *[("grpo", {"agg_mode": m}) for m in
                          ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")]]
@@ -27,10 +27,10 @@ def _batch(seed, b=7, t=10):
 def test_chunk_losses_sum_to_full_loss(seed, name, kwargs, sizes):
     loss_fn = POLICY_LOSSES.get(name)
     logp, old, adv, mask, w = _batch(seed)
-    eps = {"eps_low": 0.05, "eps_high": 0.05}
+    settings = LossSettings(eps_low=0.05, eps_high=0.05, **kwargs)
     counts = {"num_seqs": mask.shape[0], "num_tokens": mask.sum().item()}
 
-    full, _ = loss_fn(logp, old, adv, mask, token_weights=w, **counts, **eps, **kwargs)
+    full, _ = loss_fn(LossInputs(logp, old, adv, mask, token_weights=w, **counts), settings)
     (full_grad,) = torch.autograd.grad(full, logp)
 
     total = 0.0
@@ -38,8 +38,8 @@ def test_chunk_losses_sum_to_full_loss(seed, name, kwargs, sizes):
     for size in sizes:
         rows = slice(start, start + size)
         start += size
-        part, _ = loss_fn(logp[rows], old[rows], adv[rows], mask[rows], token_weights=w[rows],
-                          **counts, **eps, **kwargs)
+        part, _ = loss_fn(LossInputs(logp[rows], old[rows], adv[rows], mask[rows], token_weights=w[rows], **counts),
+                          settings)
         part.backward()  # gradients accumulate in logp.grad
         total += part.item()
     assert total == pytest.approx(full.item(), abs=1e-6)

@@ -5,6 +5,8 @@ from ibpo_lit.algorithms import (
     AGGREGATIONS,
     POLICY_LOSSES,
     SHAPING_VARIANTS,
+    LossInputs,
+    LossSettings,
     Registry,
     get_policy_loss,
     grpo_loss,
@@ -19,9 +21,21 @@ def test_names_of_every_registry():
     assert AGGREGATIONS.names() == ["seq-mean-token-mean", "seq-mean-token-sum", "token-mean"]
 
 
-def test_get_returns_the_registered_function():
-    assert POLICY_LOSSES.get("gspo") is gspo_loss
-    assert get_policy_loss("grpo") is grpo_loss
+def test_every_loss_takes_the_same_inputs_and_settings():
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    old = -torch.rand(3, 5, generator=gen)
+    logp = old + 0.01 * torch.randn(3, 5, generator=gen)
+    adv, mask = torch.tensor([1.0, -1.0, 0.5]), torch.ones(3, 5, dtype=torch.bool)
+    settings = LossSettings(eps_low=0.2, eps_high=0.28)
+    for name, formula in (("gspo", gspo_loss), ("grpo", grpo_loss)):
+        loss, _ = POLICY_LOSSES.get(name)(LossInputs(logp, old, adv, mask), settings)
+        direct, _ = formula(logp, old, adv, mask, eps_low=0.2, eps_high=0.28)
+        assert torch.equal(loss, direct)
+    assert get_policy_loss("grpo") is POLICY_LOSSES.get("grpo")
+    # The KL needs the reference's log-probs: the settings say so, not the loss's name.
+    assert LossSettings(0.2, 0.2, beta_kl=0.1).needs_ref_logp and not settings.needs_ref_logp
     assert "gspo" in POLICY_LOSSES and "ppo" not in POLICY_LOSSES
     assert ["unhashable"] not in POLICY_LOSSES
 
@@ -48,3 +62,13 @@ def test_register_decorator_and_duplicates():
         reg.register("a")(lambda: 3)
     with pytest.raises(ValueError, match="unknown widget 'c'; valid: a, b"):
         reg.get("c")
+
+
+def test_every_shaping_variant_returns_delta_and_token_weights():
+    import torch
+
+    changed = torch.tensor([[1.0, 0.0, 1.0]])
+    got = {name: SHAPING_VARIANTS.get(name)(0.5, torch.tensor([0.25]), changed) for name in SHAPING_VARIANTS.names()}
+    assert {name: (float(torch.as_tensor(d)), w is None) for name, (d, w) in got.items()} == {
+        "none": (0.0, True), "plain": (0.5, True), "ratio": (0.25, True), "mask": (0.5, False)}
+    assert torch.equal(got["mask"][1], changed)  # only changed tokens get gradient

@@ -13,9 +13,14 @@ from lightning.pytorch.callbacks import Callback
 
 from callbacks.correction import CorrectionRollouts
 from ibpo_lit.__main__ import main
-from ibpo_lit.algorithms.edit_alignment import is_full_rewrite, kept_positions, normalized_edit_distance
+from ibpo_lit.algorithms.edit_alignment import (
+    is_full_rewrite,
+    kept_positions,
+    normalized_edit_distance,
+)
 from ibpo_lit.module import IBPOModule
 from ibpo_lit.rewards import math_score
+from ibpo_lit.training.corrections import choose_references
 
 TINY = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny.yaml")
 STEPS = 14
@@ -72,7 +77,7 @@ def test_corrections_match_an_independent_recomputation(run):
         rewards = step.rewards.tolist()
         groups = step.rollouts.group_index.tolist()
         responses = step.rollouts.response_lists()
-        pairs = CorrectionRollouts.choose_references(rewards, groups, seed, step.step)
+        pairs = choose_references(rewards, groups, seed, step.step)
         assert len(pairs) == sum(r == 0 for r in rewards) - 0  # every wrong row has a partner at G=8
         corrected = c.train_batch.response_lists()
         texts = cli.model.tokenizer.batch_decode(corrected, skip_special_tokens=True)
@@ -94,7 +99,7 @@ def test_corrections_match_an_independent_recomputation(run):
 
 def test_module_shapes_successful_local_corrections(run):
     cli, _, steps, logged = run
-    lam, beta = cli.model.algorithm.ibpo_lambda, cli.model.algorithm.ibpo_beta
+    lam, beta = cli.model.algorithm.ibpo.lam, cli.model.algorithm.ibpo.beta
     shaped_steps = 0
     for step, metrics in zip(steps, logged):
         c = step.corrections
@@ -112,13 +117,12 @@ def test_k1_corrects_every_wrong_rollout_alone_and_filters_on_distance_only(tmp_
     """``reference: none`` through a YAML config: each wrong row gets one self-revision, its
     prompt shows no second candidate, and the rewrite flag is ``d(y_i, y^) > alpha``."""
     cfg = yaml.safe_load(open(TINY))
-    (correction,) = [cb for cb in cfg["trainer"]["callbacks"] if cb["class_path"] == "callbacks.CorrectionRollouts"]
-    correction["init_args"]["reference"] = "none"
+    cfg["model"]["algorithm"]["ibpo"]["reference"] = "none"
     path = tmp_path / "k1.yaml"
     path.write_text(yaml.safe_dump(cfg))
     cli, callback, steps, logged = fit_with_spy(tmp_path / "run", config=path, steps=4)
-    assert callback.reference == "none" and len(steps) == 4
-    lam, beta = cli.model.algorithm.ibpo_lambda, cli.model.algorithm.ibpo_beta
+    assert callback.corrector.cfg.reference == "none" and len(steps) == 4
+    lam, beta = cli.model.algorithm.ibpo.lam, cli.model.algorithm.ibpo.beta
     corrected_any = False
     for step, metrics in zip(steps, logged):
         c = step.corrections
@@ -145,7 +149,7 @@ def test_k1_corrects_every_wrong_rollout_alone_and_filters_on_distance_only(tmp_
 def test_removing_the_callback_turns_corrections_off(tmp_path):
     sys.argv = sys.argv[:1]
     cli = main(["--config", TINY, "--trainer.max_steps", "2", "--trainer.default_root_dir", str(tmp_path),
-                "--trainer.enable_progress_bar", "false", "--trainer.callbacks", "[]", "--model.algorithm.ibpo", "none"],
+                "--trainer.enable_progress_bar", "false", "--trainer.callbacks", "[]", "--model.algorithm.ibpo.variant", "none"],
                run=False)
     spy = Spy()
     cli.trainer.callbacks.append(spy)

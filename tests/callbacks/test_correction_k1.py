@@ -1,5 +1,5 @@
-"""The k = 1 ablation of the correction callback (``reference: none``): its prompt, which rows
-it corrects, its one-sided rewrite filter, and how a bad value is rejected."""
+"""The k = 1 ablation of IBPO's corrections (``algorithm.ibpo.reference: none``): its prompt,
+which rows it corrects, its one-sided rewrite filter, and how a bad value is rejected."""
 import math
 import subprocess
 import sys
@@ -8,39 +8,41 @@ from pathlib import Path
 import pytest
 import yaml
 
-from callbacks.correction import (
+from callbacks.correction import CorrectionRollouts
+from ibpo_lit.config import IBPOConfig
+from ibpo_lit.data.correction_prompt import (
     DEFAULT_SELF_REVISION_CODE_TEMPLATE,
     DEFAULT_SELF_REVISION_TEMPLATE,
     DEFAULT_TEMPLATE,
-    CorrectionRollouts,
-    is_rewrite,
+    CorrectionPrompt,
 )
+from ibpo_lit.training.corrections import Corrector, choose_references, is_rewrite
 
 REPO = Path(__file__).resolve().parents[2]
 nan = math.nan
 
 
 def test_self_revision_prompt_shows_one_candidate():
-    cb = CorrectionRollouts(reference="none")
-    text = cb.correction_prompt_text("What is 2 + 2?", "It is 5.", None, "Answer after ####.")
+    text = CorrectionPrompt().text("What is 2 + 2?", "It is 5.", None, "Answer after ####.")
     assert text == (
         f"{DEFAULT_SELF_REVISION_TEMPLATE}\n\nProblem:\nWhat is 2 + 2?\n\n"
         "Candidate solution:\nIt is 5.\n\nAnswer after ####."
     )
-    custom = CorrectionRollouts(reference="none", self_revision_template="Fix it.", answer_instruction="Box it.")
-    assert custom.correction_prompt_text("p", "a", None, "Answer after ####.") == (
+    custom = CorrectionPrompt.from_config(IBPOConfig(reference="none", self_revision_template="Fix it.",
+                                                     answer_instruction="Box it."))
+    assert custom.text("p", "a", None, "Answer after ####.") == (
         "Fix it.\n\nProblem:\np\n\nCandidate solution:\na\n\nBox it."
     )
 
 
 def test_paired_prompt_is_unchanged_by_the_new_mode():
-    text = CorrectionRollouts().correction_prompt_text("p", "a", "b", "i")
+    text = CorrectionPrompt().text("p", "a", "b", "i")
     assert text == f"{DEFAULT_TEMPLATE}\n\nProblem:\np\n\nCandidate solution 1:\na\n\nCandidate solution 2:\nb\n\ni"
 
 
 def test_self_revision_code_prompt_shows_the_code_alone():
     attempt = "Here:\n```python\ndef add(a, b):\n    return a - b\n```\nDone."
-    text = CorrectionRollouts(reference="none").correction_prompt_text("Write add(a, b).", attempt, None, None, task="code")
+    text = CorrectionPrompt().text("Write add(a, b).", attempt, None, None, task="code")
     assert text == (
         f"{DEFAULT_SELF_REVISION_CODE_TEMPLATE}\n\nProblem:\nWrite add(a, b).\n\n"
         "Candidate solution:\n```python\ndef add(a, b):\n    return a - b\n```"
@@ -50,11 +52,11 @@ def test_self_revision_code_prompt_shows_the_code_alone():
 def test_k1_corrects_every_wrong_rollout_and_draws_no_reference():
     rewards = [1, 0, 0, nan, 0, nan]
     groups = [0, 0, 0, 0, 1, 1]
-    k1 = CorrectionRollouts(reference="none").correction_pairs(rewards, groups, seed=0, step=0)
+    k1 = Corrector(IBPOConfig(reference="none")).correction_pairs(rewards, groups, seed=0, step=0)
     # row 4 is its group's only scored rollout: no partner, yet k = 1 corrects it; NaN rows never
     assert k1 == [(1, None), (2, None), (4, None)]
-    paired = CorrectionRollouts().correction_pairs(rewards, groups, seed=0, step=0)
-    assert paired == CorrectionRollouts.choose_references(rewards, groups, seed=0, step=0) == [(1, 0), (2, 0)]
+    paired = Corrector(IBPOConfig()).correction_pairs(rewards, groups, seed=0, step=0)
+    assert paired == choose_references(rewards, groups, seed=0, step=0) == [(1, 0), (2, 0)]
 
 
 def test_rewrite_filter_without_a_reference_uses_the_distance_alone():
@@ -71,13 +73,13 @@ def test_rewrite_filter_without_a_reference_uses_the_distance_alone():
 
 
 def test_bad_reference_mode_names_the_field():
-    with pytest.raises(ValueError, match="reference must be one of group, none; got 'self'"):
-        CorrectionRollouts(reference="self")
+    with pytest.raises(ValueError, match="algorithm.ibpo.reference must be one of group, none; got 'self'"):
+        IBPOConfig(reference="self")
 
 
 def _fit_config(tmp_path, reference) -> str:
     cfg = yaml.safe_load(open(REPO / "configs" / "tiny.yaml"))
-    cfg["trainer"]["callbacks"][0]["init_args"]["reference"] = reference
+    cfg["model"]["algorithm"]["ibpo"]["reference"] = reference
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)
@@ -97,19 +99,18 @@ def test_config_with_a_bad_reference_mode_fails_before_training(tmp_path, monkey
     assert "Literal['group', 'none']. Got value: self" in err
 
 
-def test_config_with_reference_none_instantiates_the_k1_callback(tmp_path, monkeypatch):
+def test_config_with_reference_none_reaches_the_corrector(tmp_path, monkeypatch):
     from ibpo_lit.__main__ import main
 
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
     cli = main(["--config", _fit_config(tmp_path, "none"), "--trainer.default_root_dir", str(tmp_path)], run=False)
     (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, CorrectionRollouts)]
-    assert cb.reference == "none"
+    cb.setup(cli.trainer, cli.model, "fit")
+    assert cb.corrector.cfg.reference == "none" == cli.model.algorithm.ibpo.reference
 
 
 def test_help_lists_the_reference_modes():
-    done = subprocess.run(
-        [sys.executable, "-m", "ibpo_lit", "fit", "--trainer.callbacks.help", "callbacks.CorrectionRollouts"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
+    done = subprocess.run([sys.executable, "-m", "ibpo_lit", "fit", "--help"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "--trainer.callbacks.reference {group,none}" in done.stdout
+    assert "--model.algorithm.ibpo.reference {group,none}" in done.stdout

@@ -9,13 +9,12 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-
-from ibpo_lit.experiments.runs import read_scalars
 import torch
 from lightning.pytorch.callbacks import Callback
 
 from callbacks.gradient_variance import GradientVarianceLogger
 from ibpo_lit.__main__ import main
+from ibpo_lit.experiments.runs import read_scalars
 
 TINY = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny.yaml")
 FILTER = r"embed_tokens|layers\.0\."
@@ -36,7 +35,7 @@ class RandomAdvantages(Callback):
 def flat_grad(pl_module, update, rows, params):
     """Gradient of the loss averaged over ``rows``: one forward, every row, default denominators."""
     w = update.token_weights[rows] if update.token_weights is not None else None
-    loss, _ = pl_module.policy_loss(update.batch.select(rows), update.advantages[rows], w)
+    loss, _ = pl_module.updater.policy_loss(update.batch.select(rows), update.advantages[rows], w)
     return torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)])
 
 

@@ -13,7 +13,7 @@ from ibpo_lit.evaluation.baselines import (
     parse_baselines,
     reference_table,
 )
-from ibpo_lit.seeding import REFERENCE_CHOICE, rollout_seeds
+from ibpo_lit.training.seeding import REFERENCE_CHOICE, rollout_seeds
 
 
 # ------------------------------------------------------------------ names

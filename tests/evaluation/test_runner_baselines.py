@@ -1,10 +1,10 @@
 """evaluate(baselines=...): test-time correction (verifier-free and oracle) and Best-of-N."""
 import pytest
 
-from callbacks.correction import CorrectionRollouts
+from ibpo_lit.data.correction_prompt import CorrectionPrompt
 from ibpo_lit.evaluation import correction_baseline, runner
 from ibpo_lit.evaluation.runner import evaluate
-from ibpo_lit.seeding import CORRECTIONS, rollout_seeds
+from ibpo_lit.training.seeding import CORRECTIONS, rollout_seeds
 
 ALL = ["test_time_correction", "test_time_correction_oracle", "best_of_n"]
 FAST = dict(k=2, max_new_tokens=4)
@@ -74,12 +74,12 @@ def test_code_correction_prompts_seeds_and_metrics_by_hand(mbpp_path, monkeypatc
     # training's correction prompt (the code template), sample j against its reference
     from ibpo_lit.models.loading import load_tokenizer
 
-    tokenizer, builder = load_tokenizer("tiny-llama"), CorrectionRollouts()
+    tokenizer, builder = load_tokenizer("tiny-llama"), CorrectionPrompt()
     for call, key in zip(calls, ("ttc_refs", "ttc_oracle_refs")):
         for p, samples in enumerate([add, square]):
             refs = result["problems"][p][key]
             for j in range(3):
-                expected = builder.correction_prompt_ids(tokenizer, seen[p], samples[j], samples[refs[j]])
+                expected = builder.ids(tokenizer, seen[p], samples[j], samples[refs[j]])
                 assert call["ids"][p * 3 + j] == expected
     assert "Candidate solution 2:\n```python\n" in tokenizer.decode(calls[0]["ids"][0])
 

@@ -15,7 +15,7 @@ def classes(cfg):
 def test_gspo_arm_has_a_4x_group_and_no_corrections():
     cfg = build_arm_config(BASE, "gspo_large_group", 3, SETTINGS, "/tmp/x")
     assert cfg["model"]["rollout"]["group_size"] == 32
-    assert cfg["model"]["algorithm"]["ibpo"] == "none"
+    assert cfg["model"]["algorithm"]["ibpo"]["variant"] == "none"
     assert "callbacks.CorrectionRollouts" not in classes(cfg)
     assert "callbacks.CorrectionMetrics" not in classes(cfg)
 
@@ -24,7 +24,7 @@ def test_gspo_arm_has_a_4x_group_and_no_corrections():
 def test_ibpo_arms_use_the_small_group_and_corrections(arm, variant):
     cfg = build_arm_config(BASE, arm, 0, SETTINGS, "/tmp/x")
     assert cfg["model"]["rollout"]["group_size"] == 8
-    assert cfg["model"]["algorithm"]["ibpo"] == variant
+    assert cfg["model"]["algorithm"]["ibpo"]["variant"] == variant
     assert classes(cfg).count("callbacks.CorrectionRollouts") == 1
 
 
@@ -64,7 +64,7 @@ def test_budget_and_arm_name_are_checked():
 def test_ciw_arms(arm, loss, agg, ibpo, ciw, tmp_path):
     cfg = build_arm_config(BASE, arm, 0, SETTINGS, "/tmp/x")
     algo = cfg["model"]["algorithm"]
-    assert algo["loss"] == loss and algo.get("agg_mode") == agg and algo["ibpo"] == ibpo
+    assert algo["loss"] == loss and algo.get("agg_mode") == agg and algo["ibpo"]["variant"] == ibpo
     assert (algo.get("ciw") or {}).get("mode") == ciw
     assert cfg["model"]["rollout"]["group_size"] == 8
     assert ("callbacks.CorrectionRollouts" in classes(cfg)) == (ibpo != "none")
@@ -82,42 +82,35 @@ def test_ciw_arms(arm, loss, agg, ibpo, ciw, tmp_path):
     assert (cli.model.algorithm.ciw.mode if cli.model.algorithm.ciw else None) == ciw
 
 
-def correction_args(cfg):
-    (callback,) = [cb for cb in cfg["trainer"]["callbacks"] if cb["class_path"] == "callbacks.CorrectionRollouts"]
-    return callback["init_args"]
-
-
-BASE_CORRECTION = {"alpha": 0.6, "max_new_tokens": 64}  # the smollm2 base's own init args
+BASE_IBPO = {"variant": "plain", "lam": 0.6, "beta": 0.5, "alpha": 0.6, "max_new_tokens": 64}  # the smollm2 base's
 
 
 @pytest.mark.parametrize(
-    "arm, correction, ibpo_lambda",
+    "arm, changed",
     [
-        ("k1", {**BASE_CORRECTION, "reference": "none"}, 0.6),
-        ("shaping_only", {**BASE_CORRECTION, "train_on_corrections": False}, 0.6),
-        ("lambda_0.2", BASE_CORRECTION, 0.2),
-        ("lambda_0.4", BASE_CORRECTION, 0.4),
-        ("lambda_0.6", BASE_CORRECTION, 0.6),
-        ("lambda_0.8", BASE_CORRECTION, 0.8),
-        ("lambda_1.0", BASE_CORRECTION, 1.0),
-        ("alpha_0.5", {**BASE_CORRECTION, "alpha": 0.5}, 0.6),
-        ("alpha_0.6", BASE_CORRECTION, 0.6),
-        ("alpha_0.7", {**BASE_CORRECTION, "alpha": 0.7}, 0.6),
-        ("alpha_adaptive", {**BASE_CORRECTION, "alpha": "adaptive"}, 0.6),
+        ("k1", {"reference": "none"}),
+        ("shaping_only", {"train_on_corrections": False}),
+        ("lambda_0.2", {"lam": 0.2}),
+        ("lambda_0.4", {"lam": 0.4}),
+        ("lambda_0.6", {}),
+        ("lambda_0.8", {"lam": 0.8}),
+        ("lambda_1.0", {"lam": 1.0}),
+        ("alpha_0.5", {"alpha": 0.5}),
+        ("alpha_0.6", {}),
+        ("alpha_0.7", {"alpha": 0.7}),
+        ("alpha_adaptive", {"alpha": "adaptive"}),
     ],
 )
-def test_ablation_and_sweep_arms_change_one_setting_of_ibpo_plain(arm, correction, ibpo_lambda, tmp_path):
+def test_ablation_and_sweep_arms_change_one_setting_of_ibpo_plain(arm, changed, tmp_path):
     cfg = build_arm_config(BASE, arm, 0, SETTINGS, "/tmp/x")
-    algo = cfg["model"]["algorithm"]
-    assert algo["ibpo"] == "plain" and algo["ibpo_lambda"] == ibpo_lambda and algo["ibpo_beta"] == 0.5
+    ibpo = {**BASE_IBPO, **changed}
+    assert cfg["model"]["algorithm"]["ibpo"] == ibpo
     assert cfg["model"]["rollout"]["group_size"] == 8
-    assert correction_args(cfg) == correction
     assert classes(cfg).count("callbacks.CorrectionRollouts") == 1
     assert "callbacks.CorrectionMetrics" in classes(cfg)
     # every key but the arm's own matches ibpo_plain
     plain = build_arm_config(BASE, "ibpo_plain", 0, SETTINGS, "/tmp/x")
-    correction_args(plain).update(correction)
-    plain["model"]["algorithm"]["ibpo_lambda"] = ibpo_lambda
+    plain["model"]["algorithm"]["ibpo"].update(changed)
     assert cfg == plain
     # the arm is a valid config: it parses and instantiates (no model loads); lambda * beta < 1 holds
     path = tmp_path / "arm.yaml"
@@ -129,10 +122,10 @@ def test_ablation_and_sweep_arms_change_one_setting_of_ibpo_plain(arm, correctio
 
     sys.argv = sys.argv[:1]
     cli = main(["--config", str(path), "--trainer.default_root_dir", str(tmp_path)], run=False)
-    assert cli.model.algorithm.ibpo_lambda == ibpo_lambda
-    (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, CorrectionRollouts)]
-    assert (cb.alpha, cb.reference, cb.train_on_corrections) == (
-        correction["alpha"], correction.get("reference", "group"), correction.get("train_on_corrections", True))
+    parsed = cli.model.algorithm.ibpo
+    assert (parsed.lam, parsed.alpha, parsed.reference, parsed.train_on_corrections) == (
+        ibpo["lam"], ibpo["alpha"], ibpo.get("reference", "group"), ibpo.get("train_on_corrections", True))
+    assert [c for c in cli.trainer.callbacks if isinstance(c, CorrectionRollouts)]
 
 
 def test_arm_families_partition_the_arms():
@@ -157,6 +150,7 @@ def test_same_config_arm_finds_the_twin_run_and_nothing_else():
         assert same_config_arm(BASE, arm, 0, SETTINGS, ran) is None
     # an arm is never its own twin, and a base with another lambda makes lambda_0.6 different
     assert same_config_arm(BASE, "ibpo_plain", 0, SETTINGS, ["ibpo_plain"]) is None
-    other = {**BASE, "model": {**BASE["model"], "algorithm": {**BASE["model"]["algorithm"], "ibpo_lambda": 0.4}}}
+    algorithm = BASE["model"]["algorithm"]
+    other = {**BASE, "model": {**BASE["model"], "algorithm": {**algorithm, "ibpo": {**algorithm["ibpo"], "lam": 0.4}}}}
     assert same_config_arm(other, "lambda_0.6", 0, SETTINGS, ran) is None
     assert same_config_arm(other, "lambda_0.4", 0, SETTINGS, ran) == "ibpo_plain"

@@ -1,4 +1,4 @@
-"""Replacing the README's generated block between its markers."""
+"""Replacing the generated block of docs/results.md (scripts/report.py --doc) between its markers."""
 import pytest
 
 from ibpo_lit.experiments.readme_block import END, START, replace_marked_block

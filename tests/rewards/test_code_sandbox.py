@@ -15,13 +15,22 @@ from ibpo_lit.rewards import (
     code_reward,
     code_score,
     get_reward,
-    run_code_tests,
     run_tests,
 )
 from ibpo_lit.rewards.code import probe
-from ibpo_lit.rewards.sandbox.isolation import Isolation, SandboxUnavailable, detect_isolation
+from ibpo_lit.rewards.sandbox.isolation import (
+    Isolation,
+    SandboxUnavailable,
+    detect_isolation,
+)
 from ibpo_lit.rewards.sandbox.judge import free_names, module_names, outputs_match
-from ibpo_lit.rewards.sandbox.wire import WireError, decode, encode, read_frame, write_frame
+from ibpo_lit.rewards.sandbox.wire import (
+    WireError,
+    decode,
+    encode,
+    read_frame,
+    write_frame,
+)
 
 ADD = "def add(a, b):\n    return a + b\n"
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-4, 9) == 5", "assert add('a', 'b') == 'ab'"]
@@ -336,3 +345,24 @@ def test_detected_isolation_as_root():
         assert r.tests == ("pass",) * 4 + ("fail",), r.detail
         uids.append(int(r.detail.rsplit(" ", 1)[-1]))
     assert uids[0] != uids[1]  # a fresh uid per run: no kernel state keyed by uid carries over
+
+
+def test_training_and_evaluation_score_code_with_one_pool():
+    from ibpo_lit.rewards import scoring_pool
+    from ibpo_lit.rewards.pool import RewardPool
+
+    gold = CodeTests(tests=ADD_TESTS, timeout_s=1.5, **ENTRY).to_gold()
+    pool = scoring_pool("code", num_workers=2)
+    try:
+        assert isinstance(pool, SandboxPool)  # what evaluation's score_samples runs code with
+        looping = "def add(a, b):\n    while True:\n        pass\n"
+        assert pool.score([(ADD, gold), (looping, gold), (ADD, "not a gold")]) == [1.0, 0.0, None]
+        # a program's timeout is its 0; only the harness's failure is unscorable
+        assert pool.unscorable == {"timeout": 0, "error": 0, "none": 1}
+    finally:
+        pool.close()
+    math_pool = scoring_pool("math", num_workers=1, timeout_s=5)
+    try:
+        assert isinstance(math_pool, RewardPool) and math_pool.unscorable == {"timeout": 0, "error": 0, "none": 0}
+    finally:
+        math_pool.close()

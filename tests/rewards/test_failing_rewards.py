@@ -40,7 +40,7 @@ def flaky(completion: str, gold: str) -> float | None:
     return float(bucket == 2)
 
 
-REWARDS["flaky"] = flaky
+REWARDS.register("flaky")(flaky)
 
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")  # (tests/conftest.py)
@@ -99,18 +99,18 @@ def test_a_tiny_fit_with_a_failing_verifier(tmp_path, monkeypatch):
     import ibpo_lit.module
     from ibpo_lit.__main__ import main
     from ibpo_lit.module import IBPOModule
-    from ibpo_lit.rewards import RewardPool
+    from ibpo_lit.rewards import scoring_pool
 
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
     monkeypatch.setenv(HANG_ONCE_ENV, str(tmp_path / "hung"))
     # the reward workers import this module to find "flaky"
-    monkeypatch.setattr(ibpo_lit.module, "RewardPool", functools.partial(RewardPool, import_modules=[__name__]))
+    monkeypatch.setattr(ibpo_lit.module, "scoring_pool", functools.partial(scoring_pool, import_modules=[__name__]))
 
     steps, scored, pools = [], [], []
-    original_assemble, original_score = IBPOModule._shape_and_assemble, IBPOModule.score
+    original_assemble, original_score = ibpo_lit.module.assemble_update, IBPOModule.score
 
-    def spy_assemble(self, step):
-        metrics = original_assemble(self, step)
+    def spy_assemble(step, *args):
+        metrics = original_assemble(step, *args)
         steps.append((step.rewards.clone(), step.shaped_rewards.clone(), step.update.advantages.clone(),
                       step.rollouts.group_index.tolist(), dict(metrics)))
         return metrics
@@ -121,7 +121,7 @@ def test_a_tiny_fit_with_a_failing_verifier(tmp_path, monkeypatch):
         pools.append(dict(self._reward_pool.stats))
         return values
 
-    monkeypatch.setattr(IBPOModule, "_shape_and_assemble", spy_assemble)
+    monkeypatch.setattr(ibpo_lit.module, "assemble_update", spy_assemble)
     monkeypatch.setattr(IBPOModule, "score", spy_score)
     main(["fit", "--config", os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny.yaml"),
           "--trainer.max_steps", "2", "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar",

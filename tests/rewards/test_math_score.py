@@ -3,7 +3,13 @@ import threading
 
 import pytest
 
-from ibpo_lit.rewards import REWARDS, extract_gsm8k_gold, get_reward, math_score, math_score_inprocess
+from ibpo_lit.rewards import (
+    REWARDS,
+    extract_gsm8k_gold,
+    get_reward,
+    math_score,
+    math_score_inprocess,
+)
 
 
 @pytest.mark.parametrize(
@@ -98,5 +104,5 @@ def test_registry():
     # the registry names the in-process scorer (what pool workers run); math_score goes through a pool
     assert get_reward("math") is math_score_inprocess
     assert "math" in REWARDS
-    with pytest.raises(ValueError, match=r"unknown reward 'chess'.*'math'"):
+    with pytest.raises(ValueError, match=r"unknown reward 'chess'; valid: .*math"):
         get_reward("chess")

@@ -108,7 +108,7 @@ def test_workers_stay_light():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match=r"unknown reward 'nope'.*'math'"):
+    with pytest.raises(ValueError, match=r"unknown reward 'nope'; valid: .*math"):
         RewardPool("nope")
     with pytest.raises(ValueError, match="num_workers"):
         RewardPool("math", num_workers=0)

@@ -13,10 +13,10 @@ import torch
 
 def main(out_path: str, folder: str) -> None:
     from ibpo_lit.models import build_tiny_model, build_tiny_tokenizer
-    from ibpo_lit.policy_logprobs import response_logprobs
     from ibpo_lit.rollout import SamplingConfig
     from ibpo_lit.rollout.vllm_engine import VLLMConfig, VLLMRolloutEngine
     from ibpo_lit.rollout.weights import iter_full_weights
+    from ibpo_lit.training.logprobs import response_logprobs
 
     model, tokenizer = build_tiny_model(seed=0), build_tiny_tokenizer()
     model.save_pretrained(folder)

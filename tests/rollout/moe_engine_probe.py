@@ -25,10 +25,10 @@ def tiny_qwen3_moe(seed: int = 0):
 
 def main(out_path: str, folder: str) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from ibpo_lit.policy_logprobs import response_logprobs
     from ibpo_lit.rollout import SamplingConfig
     from ibpo_lit.rollout.vllm_engine import VLLMConfig, VLLMRolloutEngine
     from ibpo_lit.rollout.weights import SyncManifest, iter_full_weights
+    from ibpo_lit.training.logprobs import response_logprobs
 
     model = tiny_qwen3_moe()
     model.config.save_pretrained(folder)  # no weights on disk: the engine starts from dummy ones

@@ -5,9 +5,9 @@ import copy
 import pytest
 import torch
 
-from ibpo_lit.policy_logprobs import response_logprobs
 from ibpo_lit.rollout import SamplingConfig
 from ibpo_lit.rollout.weights import iter_full_weights
+from ibpo_lit.training.logprobs import response_logprobs
 
 EOS = 2
 

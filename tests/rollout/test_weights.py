@@ -1,5 +1,4 @@
 """iter_full_weights: every weight once, under its checkpoint name, gathered when sharded."""
-import torch
 
 from ibpo_lit.models import build_tiny_model
 from ibpo_lit.rollout.weights import clean_name, iter_full_weights

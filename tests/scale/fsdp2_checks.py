@@ -10,10 +10,10 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from ibpo_lit.models.loading import build_builtin_model, load_sharded_policy
-from ibpo_lit.policy_logprobs import response_logprobs
 from ibpo_lit.rollout import HFRolloutEngine, SamplingConfig
 from ibpo_lit.rollout.weights import SyncManifest, iter_full_weights
 from ibpo_lit.scale.fsdp2 import FSDP2Plan, gathered_weights, is_sharded
+from ibpo_lit.training.logprobs import response_logprobs
 
 
 def full(t):

@@ -6,7 +6,6 @@ import sys
 
 import pytest
 import torch
-
 from fit_runs import REPO, fit_env
 
 pytestmark = pytest.mark.gpu
@@ -43,8 +42,8 @@ json.dump(probe.out, open(sys.argv[1], "w"))
 
 def test_chunked_head_on_the_gpu_matches_full_logits():
     from ibpo_lit.models import build_tiny_model
-    from ibpo_lit.policy_logprobs import response_logprobs
     from ibpo_lit.rollout import HFRolloutEngine, SamplingConfig
+    from ibpo_lit.training.logprobs import response_logprobs
 
     model = build_tiny_model(seed=0).cuda()
     batch = HFRolloutEngine(model, [2], 2, SamplingConfig(max_new_tokens=24)).generate([[5, 6, 7], [8, 9]], n=4,

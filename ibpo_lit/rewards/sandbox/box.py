@@ -27,11 +27,16 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 
 if __name__ != "__main__":  # imported (tests); at launch the source of wire.py is prepended
-    from ibpo_lit.rewards.sandbox.wire import WireError, decode, encode, read_frame, write_frame
+    from ibpo_lit.rewards.sandbox.wire import (
+        WireError,
+        decode,
+        encode,
+        read_frame,
+        write_frame,
+    )
 
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": "/tmp",
         "OMP_NUM_THREADS": "1"}

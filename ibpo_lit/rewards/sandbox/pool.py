@@ -26,7 +26,13 @@ from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from ibpo_lit.rewards.code import STATUSES, CodeResult, CodeTests, SandboxError, run_code_tests
+from ibpo_lit.rewards.code import (
+    STATUSES,
+    CodeResult,
+    CodeTests,
+    SandboxError,
+    run_code_tests,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +83,12 @@ class SandboxPool:
             else:
                 scores.append(result.fraction)
         return scores
+
+    @property
+    def unscorable(self) -> dict[str, int]:
+        """Programs scored None so far, as `RewardPool` counts them: the harness failed (``none``);
+        a program's timeout or error is its score (0), not a cause here."""
+        return {"timeout": 0, "error": 0, "none": self.stats[UNSCORABLE]}
 
     def close(self) -> None:
         """Wait for running programs, then stop the threads (idempotent)."""

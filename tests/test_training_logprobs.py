@@ -4,8 +4,12 @@ import pytest
 import torch
 
 from ibpo_lit.models import build_tiny_model, build_tiny_tokenizer
-from ibpo_lit.policy_logprobs import _length_buckets, _per_row_logprobs, response_logprobs
 from ibpo_lit.rollout import HFRolloutEngine, SamplingConfig
+from ibpo_lit.training.logprobs import (
+    _length_buckets,
+    _per_row_logprobs,
+    response_logprobs,
+)
 
 EOS = 2
 
@@ -123,7 +127,7 @@ def test_chunks_bound_the_logits_that_exist_at_once(model, batch):
 
 
 def test_models_that_transform_logits_keep_the_full_head():
-    from ibpo_lit.policy_logprobs import head_is_last
+    from ibpo_lit.training.logprobs import head_is_last
 
     model = build_tiny_model(seed=0)
     assert head_is_last(model)

@@ -2,7 +2,7 @@
 
 A resumed run must draw the numbers an uninterrupted one would. ibpo-lit's own sampling does
 not depend on global state (rollout, correction and reference seeds are pure functions of
-``(seed, step, stream, row)``, see `ibpo_lit.seeding`), but libraries and user callbacks may
+``(seed, step, stream, row)``, see `ibpo_lit.training.seeding`), but libraries and user callbacks may
 draw from the global generators, so a checkpoint holds those too.
 
 What is covered:

@@ -47,7 +47,13 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from ibpo_lit.algorithms.ciw import CIWConfig, ResponseLayout, ciw_metrics, layout_response, layout_weights
+from ibpo_lit.algorithms.ciw import (
+    CIWConfig,
+    ResponseLayout,
+    ciw_metrics,
+    layout_response,
+    layout_weights,
+)
 from ibpo_lit.algorithms.logprobs import token_logprobs
 from ibpo_lit.rollout.batch import RolloutBatch
 
@@ -185,7 +191,7 @@ def span_drops_batched(
     padding = (sync.max(len(passes)) if sync is not None else len(passes)) - len(passes)
     total_tokens = 0
     for rows in passes:
-        seqs, owner, first_pred = [], [], []
+        seqs, owner = [], []
         for b in rows:
             for copy in _copies(list(prompts[b]), list(contents[b][: layouts[b].length]), layouts[b], mask_id):
                 seqs.append(copy)

@@ -1,0 +1,298 @@
+"""``PolicyUpdate``: the update half of a step (step 5 of README's diagram).
+
+``num_mini_batches`` optimizer steps over an ``UpdateBatch``, each accumulated over
+micro-batches whose losses sum exactly to the mini-batch loss, with denominators counted over
+every rank; the policy loss's forward (``policy_loss``); global gradient-norm clipping; a step
+whose loss or gradient norm is not finite is skipped (on every rank) and counted, and
+``max_nonfinite_steps`` of them in a row stop the run. Under FSDP2 every forward is a
+collective, so every rank runs as many passes as the busiest one.
+
+It is given what it works with (the policy, its reference, the configs, and per step a
+`UpdateRuntime`: the collectives, the device, Lightning's ``manual_backward``), and keeps the
+counters a checkpoint saves (``weights_version``, the non-finite counts).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from ibpo_lit.algorithms.registry import POLICY_LOSSES, LossInputs
+from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
+from ibpo_lit.rollout.batch import RolloutBatch
+from ibpo_lit.scale.collectives import SINGLE_PROCESS, RankSync
+from ibpo_lit.scale.fsdp2 import is_sharded
+from ibpo_lit.training.logprobs import response_logprobs
+from ibpo_lit.training.step_types import UpdateBatch
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive optimizer steps had a non-finite loss or gradient norm."""
+
+
+@dataclass
+class UpdateRuntime:
+    """What an update needs from the running trainer, handed over at each step."""
+
+    sync: RankSync = SINGLE_PROCESS
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    backward: Callable[[Tensor], None] = Tensor.backward
+    step_stats: Optional[dict] = None  # the step's token counters (compute accounting)
+
+
+class PolicyUpdate:
+    """The update loop and the policy loss of a GSPO(+IBPO) step.
+
+    Args:
+        algorithm, rollout, optim: The module's configs.
+        max_nonfinite_steps: Consecutive skipped steps that stop the run.
+        logprob_chunk_tokens: Positions the LM head sees at once (``training.logprobs``).
+    """
+
+    def __init__(self, algorithm: AlgorithmConfig, rollout: RolloutConfig, optim: OptimConfig,
+                 max_nonfinite_steps: int, logprob_chunk_tokens: Optional[int]) -> None:
+        self.algorithm, self.rollout_cfg, self.optim_cfg = algorithm, rollout, optim
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.logprob_chunk_tokens = logprob_chunk_tokens
+        self.loss_fn = POLICY_LOSSES.get(algorithm.loss)
+        self.policy: Optional[torch.nn.Module] = None
+        self.ref_policy: Optional[torch.nn.Module] = None
+        self.runtime = UpdateRuntime(step_stats={})
+        self.step_index = 0  # the rollout step being updated (seeds the mini-batch order)
+        # Optimizer steps taken (skipped non-finite ones excluded): the version of the policy's
+        # weights. A weight-sync callback records which version the engine holds.
+        self.weights_version = 0
+        self.nonfinite_run = 0
+        self.nonfinite_total = 0
+        self._mismatch = [0.0, 0.0]  # (sum of |engine - trainer| log-prob, tokens) of this step
+
+    @property
+    def uniform_forwards(self) -> bool:
+        """Whether every forward of the policy is a collective (FSDP2), so that each rank must
+        run as many as the others: one pass per log-prob call, pass counts agreed on."""
+        return is_sharded(self.policy)
+
+    @property
+    def temperature(self) -> float:
+        return self.rollout_cfg.sampling.temperature
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, update: UpdateBatch, optimizer, scheduler, step_index: int) -> dict[str, float]:
+        """``num_mini_batches`` optimizer steps over ``update``; returns averaged metrics,
+        ``rollout/logprob_mismatch`` included."""
+        cfg, device = self.rollout_cfg, self.runtime.device
+        self.step_index, self._mismatch = step_index, [0.0, 0.0]
+        batch = update.batch.to(device)
+        advantages = update.advantages.to(device)
+        token_weights = update.token_weights.to(device) if update.token_weights is not None else None
+
+        old_logp = None
+        if cfg.old_logp == "rollout":
+            old_logp = batch.rollout_logp
+        elif cfg.num_mini_batches > 1:
+            # pi_old must be the policy before the first update of this batch.
+            old_logp = self.logprobs_no_grad(self.policy, batch)
+
+        n = len(batch)
+        generator = torch.Generator().manual_seed(cfg.seed * 7919 + step_index)
+        order = torch.randperm(n, generator=generator) if cfg.num_mini_batches > 1 else torch.arange(n)
+        totals: dict[str, float] = {}
+        # tensor_split: exactly num_mini_batches optimizer steps on every rank, whatever its rows
+        # (torch.chunk may return fewer parts than asked for).
+        for mini in order.tensor_split(cfg.num_mini_batches):
+            for key, value in self._mini_batch(batch, advantages, token_weights, old_logp, mini.to(device), optimizer,
+                                               scheduler).items():
+                totals[key] = totals.get(key, 0.0) + value / cfg.num_mini_batches
+        metrics = totals
+        metrics["train/nonfinite_steps"] = float(self.nonfinite_total)  # a count, not a mean over mini-batches
+        metrics["rollout/logprob_mismatch"] = self.mismatch_metric(update)
+        return metrics
+
+    def _mini_batch(self, batch, advantages, token_weights, old_logp, rows, optimizer, scheduler) -> dict[str, float]:
+        cfg, algo, sync = self.rollout_cfg, self.algorithm, self.runtime.sync
+        optimizer.zero_grad(set_to_none=True)
+
+        # Global denominators: every micro-batch loss is a share of the mini-batch loss, over
+        # the rows of every rank. DDP and FSDP average gradients over ranks, so each rank's
+        # loss is scaled by the number of ranks to make the sum of shares the global mean.
+        world = self.runtime.world_size
+        num_seqs, num_tokens = sync.sum([float(len(rows)), float(batch.response_mask[rows].sum())])
+        # A row with zero advantage contributes exactly zero loss and gradient (without a
+        # KL term): skip its forward pass, but keep it in the denominators above.
+        active = rows[advantages[rows] != 0] if algo.beta_kl == 0 else rows
+        lengths = batch.response_mask[active].sum(dim=1) + batch.prompt_mask[active].sum(dim=1)
+        active = active[torch.argsort(lengths, stable=True)]  # similar lengths share a micro-batch: less padding
+
+        loss_total, weighted = 0.0, {}
+        # (torch.split of an empty tensor yields one empty chunk, hence the guard)
+        micros = list(active.split(cfg.micro_batch_size)) if len(active) else []
+        # Under DDP/FSDP every backward (and under FSDP every forward) is a collective: all
+        # ranks run as many micro-batches as the busiest one, the others with passes whose loss
+        # is multiplied by 0 (the same forwards, nothing added to the gradient).
+        for index in range(sync.max(len(micros))):
+            padding = index >= len(micros)
+            micro = torch.zeros(1, dtype=torch.long, device=rows.device) if padding else micros[index]
+            loss, metrics = self.policy_loss(
+                batch.select(micro),
+                advantages[micro],
+                token_weights[micro] if token_weights is not None else None,
+                old_logp[micro] if old_logp is not None else None,
+                num_seqs=num_seqs,
+                num_tokens=num_tokens,
+                bookkeeping=not padding,
+            )
+            if padding:
+                self.runtime.backward(loss * 0.0)
+                continue
+            self.runtime.backward(loss * world)
+            loss_total += float(loss.detach())
+            for key, value in metrics.items():
+                weighted[key] = weighted.get(key, 0.0) + float(value) * len(micro)
+
+        grad_norm = self.clip_and_check()
+        finite = math.isfinite(loss_total) and math.isfinite(grad_norm)
+        finite = not sync.any(not finite)  # every rank skips, or none: the replicas stay equal
+        if not finite:
+            # Skip the update but keep the step count: params with no grad are left as they are.
+            optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_run += 1
+            self.nonfinite_total += 1
+            if self.nonfinite_run >= self.max_nonfinite_steps:
+                raise NonFiniteError(
+                    f"{self.nonfinite_run} consecutive optimizer steps had a non-finite loss ({loss_total}) "
+                    f"or gradient norm ({grad_norm}); stopping. Lower optim.lr, check trainer.precision, "
+                    "or raise max_nonfinite_steps."
+                )
+        else:
+            self.nonfinite_run = 0
+            self.weights_version += 1
+        optimizer.step()
+        scheduler.step()
+
+        out = {(k if "/" in k else f"train/{k}"): v / max(len(active), 1) for k, v in weighted.items()}
+        out.update({"train/loss": loss_total, "train/grad_norm": grad_norm, "train/lr": scheduler.get_last_lr()[0]})
+        return out
+
+    # ------------------------------------------------------------------ the loss
+    def policy_loss(
+        self,
+        batch: RolloutBatch,
+        advantages: Tensor,
+        token_weights: Optional[Tensor] = None,
+        old_logp: Optional[Tensor] = None,
+        num_seqs: Optional[float] = None,
+        num_tokens: Optional[float] = None,
+        bookkeeping: bool = True,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Forward ``batch`` (trimmed to its own padding) and return the configured loss.
+
+        ``advantages`` [n]; ``token_weights`` and ``old_logp`` [n, >=Lr] (cut to the batch's
+        response length); ``old_logp=None`` means on-policy (``pi_old`` = this forward,
+        detached). ``num_seqs``/``num_tokens`` are the global denominators (default: this
+        batch's own), so several calls' losses add up to one batch's loss. ``bookkeeping=False``
+        (a padding pass) leaves the token counters and the mismatch metric alone.
+        """
+        batch = batch.trimmed()
+        logp = self.logprobs(self.policy, batch)
+        width = logp.shape[1]
+        if bookkeeping:
+            self._count("trained_tokens", batch)
+        old = old_logp[:, :width] if old_logp is not None else logp.detach()
+        if self.rollout_cfg.old_logp == "trainer" and bookkeeping:
+            self._record_mismatch(old, batch)
+        settings = self.algorithm.loss_settings
+        ref_logp = None
+        if settings.needs_ref_logp:
+            with torch.no_grad():
+                ref_logp = self.logprobs(self.ref_policy, batch)
+            if bookkeeping:
+                self._count("no_grad_tokens", batch)
+        inputs = LossInputs(
+            logp, old, advantages, batch.response_mask,
+            token_weights=token_weights[:, :width] if token_weights is not None else None,
+            num_seqs=num_seqs if num_seqs is not None else float(len(batch)),
+            num_tokens=num_tokens if num_tokens is not None else float(batch.response_mask.sum()),
+            ref_logp=ref_logp,
+        )
+        return self.loss_fn(inputs, settings)
+
+    def logprobs(self, model: torch.nn.Module, batch: RolloutBatch) -> Tensor:
+        """The trainer's response log-probs [B, Lr] (gradient as the caller's mode allows)."""
+        return response_logprobs(model, batch, self.temperature, single_pass=self.uniform_forwards,
+                                 chunk_tokens=self.logprob_chunk_tokens)
+
+    @torch.no_grad()
+    def logprobs_no_grad(self, model: torch.nn.Module, batch: RolloutBatch) -> Tensor:
+        """Log-probs [B, Lr] in micro-batches; with collective forwards every rank runs as many
+        passes as the busiest (the extra ones on its first row, discarded)."""
+        size = self.rollout_cfg.micro_batch_size
+        chunks = list(torch.arange(len(batch), device=batch.response_ids.device).split(size))
+        passes = self.runtime.sync.max(len(chunks)) if self.uniform_forwards else len(chunks)
+        out = []
+        for index in range(passes):
+            if index >= len(chunks):
+                self.logprobs(model, batch.select(torch.zeros(1, dtype=torch.long)))
+                continue
+            logp = self.logprobs(model, batch.select(chunks[index]))
+            out.append(torch.nn.functional.pad(logp, (0, batch.response_ids.shape[1] - logp.shape[1])))
+            self._count("no_grad_tokens", batch.select(chunks[index]))
+        if not out:
+            return torch.zeros(batch.response_ids.shape, dtype=torch.float32, device=batch.response_ids.device)
+        return torch.cat(out)
+
+    def clip_and_check(self) -> float:
+        """Clip by the global gradient norm (over DTensor shards, the norm of the whole
+        gradient, the same on every rank) and return it."""
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        full = getattr(norm, "full_tensor", None)
+        return float(full() if callable(full) else norm)
+
+    # ------------------------------------------------------------------ engine vs trainer
+    def _record_mismatch(self, trainer_logp: Tensor, batch: RolloutBatch) -> None:
+        """Accumulate |engine log-prob - trainer log-prob| over the sampled tokens of ``batch``
+        (``rollout/logprob_mismatch``: how far the engine's numerics, or stale weights, are
+        from the policy the ratio is computed against)."""
+        mask = batch.response_mask
+        diff = (trainer_logp.detach().float() - batch.rollout_logp[:, : trainer_logp.shape[1]]).abs()
+        self._mismatch[0] += float((diff * mask).sum())
+        self._mismatch[1] += float(mask.sum())
+
+    def mismatch_metric(self, update: UpdateBatch) -> float:
+        """The step's mean mismatch; when no row was forwarded (every advantage zero), one
+        no-grad forward of a micro-batch measures it (on every rank when forwards are
+        collectives and any rank needs it)."""
+        if self.rollout_cfg.old_logp != "trainer":
+            return math.nan
+        needed = self._mismatch[1] == 0 and len(update.batch) > 0
+        size = self.rollout_cfg.micro_batch_size
+        if self.uniform_forwards and self.runtime.sync.any(needed):
+            rows = torch.arange(max(min(len(update.batch), size), 1))
+            batch = update.batch.select(rows).to(self.runtime.device)
+            with torch.no_grad():
+                logp = self.logprobs(self.policy, batch)
+            if needed:
+                self._record_mismatch(logp, batch)
+                self._count("no_grad_tokens", batch)
+        elif needed:
+            rows = torch.arange(min(len(update.batch), size))
+            batch = update.batch.select(rows).to(self.runtime.device)
+            self._record_mismatch(self.logprobs_no_grad(self.policy, batch), batch)
+        return self._mismatch[0] / max(self._mismatch[1], 1.0)
+
+    def _count(self, key: str, batch: RolloutBatch) -> None:
+        stats = self.runtime.step_stats
+        if stats is not None:
+            stats[key] = stats.get(key, 0) + sequence_tokens(batch)
+
+
+def sequence_tokens(batch: RolloutBatch) -> int:
+    """Real (unpadded) prompt + response tokens of a batch: what a forward pass processes."""
+    return int(batch.prompt_mask.sum()) + int(batch.response_mask.sum())
