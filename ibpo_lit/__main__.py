@@ -6,8 +6,8 @@ on a math benchmark).
 
 The wiring adds to LightningCLI: an always-on ``ModelCheckpoint`` (``checkpoint.*``) writing
 ``<trainer.default_root_dir>/checkpoints/last.ckpt``; atomic checkpoint writes
-(`ibpo_lit.training.checkpoint_io`); cross-section config checks before any weights load
-(`ibpo_lit.config_checks`); and, in `entry_point`, one ``ibpo-lit: error: ...`` line with exit
+(`ibpo_lit.training.checkpoint_io`); cross-section config checks before anything loads
+(`ibpo_lit.config_checks`); validation switched off when there is nothing to validate on; and, in `entry_point`, one ``ibpo-lit: error: ...`` line with exit
 status 2 for a user error (`ibpo_lit.errors`).
 """
 from __future__ import annotations
@@ -74,6 +74,9 @@ class IBPOCLI(LightningCLI):
         parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=_checkpoint_dir)
         # The data module tokenizes prompts with the policy's own tokenizer.
         parser.link_arguments("model.model", "data.tokenizer")
+        # The prompts' task is the verifier that scores them: one setting (`model.reward`), so a
+        # code run cannot build math prompts (or the reverse) by forgetting a second line.
+        parser.link_arguments("model.reward", "data.task")
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI reads the checkpoint's hyperparameters here: a truncated or foreign file
@@ -86,8 +89,11 @@ class IBPOCLI(LightningCLI):
 
     def after_instantiate_classes(self) -> None:
         if self.subcommand in (None, "fit"):
+            # Before anything loads (the data module's tokenizer, the weights); `IBPOModule.setup`
+            # runs them for a `Trainer.fit` without this command line.
             ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand else None
             check_fit_settings(self.model, self.datamodule, self.trainer, ckpt_path)
+            self.model.settings_checked = True
             _turn_off_empty_validation(self.trainer, self.datamodule)
 
     def instantiate_trainer(self, **kwargs):

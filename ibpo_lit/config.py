@@ -217,7 +217,7 @@ class OptimConfig:
         total_steps: Optimizer steps the schedule spans; unset = ``trainer.max_steps``.
         grad_clip: Clip the global gradient norm to this value (0 = no clipping).
         fused: Use torch's fused AdamW kernel (one kernel over all parameters instead of a
-            loop of per-tensor ops: 0.59 -> 0.09 s per SmolLM2 step on 2 CPU cores). Unset =
+            loop of per-tensor ops; timings in docs/benchmarks.md). Unset =
             on wherever it is supported (every trainable parameter a plain floating tensor on
             CPU or CUDA; not DTensor shards), off elsewhere.
     """

@@ -1,9 +1,10 @@
 """Settings that are each valid alone but contradict one another across config sections.
 
 A single section validates itself (``AlgorithmConfig.__post_init__``, ``PromptDataModule``'s
-``__init__``, ...). What needs two sections at once is checked here, by the CLI, after the
-classes are instantiated and before any weights load. Each problem names the keys involved and
-what to change; all problems are reported together in one `ConfigError`.
+``__init__``, ...). What needs two sections at once is checked here, once per ``fit``: by the
+command line right after it builds the classes, or by ``IBPOModule.setup`` for a ``Trainer.fit``
+in Python; either way before any weights load. Each problem names the keys involved and what to change; all problems are reported
+together in one `ConfigError`.
 
 What is covered:
 - ``model.algorithm.ibpo`` other than ``none`` without a callback that makes corrections

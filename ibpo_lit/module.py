@@ -33,6 +33,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
+from ibpo_lit.config_checks import check_fit_settings
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.models.loading import (
     BUILTIN_MODELS,
@@ -147,6 +148,7 @@ class IBPOModule(L.LightningModule):
         self._reward_counts = {"timeout": 0, "error": 0, "none": 0}  # unscorable, by cause, before a resume
         self._pending_rng_state: Optional[dict] = None  # restored before the first step after a resume
         self.step_stats: dict[str, float] = {}  # token counts and seconds of the last step (compute accounting)
+        self.settings_checked = False  # `check_fit_settings` done (by the command line, or in `setup`)
 
     # ----------------------------------------------------------------- setup
     def configure_model(self) -> None:
@@ -240,17 +242,17 @@ class IBPOModule(L.LightningModule):
             torch_dtype=self.dtype_name,
         )
 
+    def setup(self, stage: str) -> None:
+        # The cross-section checks (`ibpo_lit.config_checks`) for `Trainer.fit(module)` in Python,
+        # before `configure_model` loads any weights. The command line has run them already,
+        # earlier still (before the data module loads its tokenizer, with --ckpt_path known).
+        if stage == "fit" and not self.settings_checked:
+            check_fit_settings(self, self.trainer.datamodule, self.trainer)
+            self.settings_checked = True
+
     def on_fit_start(self) -> None:
         # After the strategy's precision plugin cast the module (bf16-true casts buffers too).
         fp32_rotary_buffers(self.policy)
-        if self.rollout_cfg.backend != "hf" and not any(
-            callable(getattr(cb, "sync_engine", None)) for cb in self.trainer.callbacks
-        ):
-            raise ValueError(
-                f"rollout.backend={self.rollout_cfg.backend!r} samples from a separate copy of the "
-                "weights, but no callback syncs them: add callbacks.VLLMWeightSync to trainer.callbacks "
-                "(without it every rollout would come from the initial weights)."
-            )
 
     def configure_optimizers(self):
         return build_optimizer(self.policy, self.optim_cfg, self.trainer.max_steps)

@@ -1,18 +1,27 @@
 import math
+from collections.abc import Sequence
 
 import pytest
 import torch
 
 from ibpo_lit.algorithms import grpo_loss, gspo_loss
-from ibpo_lit.algorithms.ciw import CIWConfig, Span, layout_response, layout_weights
+from ibpo_lit.algorithms.ciw import (
+    CIWConfig,
+    ResponseLayout,
+    Span,
+    layout_response,
+    layout_weights,
+)
+from ibpo_lit.algorithms.logprobs import token_logprobs
 from ibpo_lit.models.tiny import build_tiny_model, build_tiny_tokenizer
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.training.ciw_scorer import (
     CIWScorer,
+    _copies,
+    _needs_pass,
     content_length,
     mask_token_id,
     span_drops_batched,
-    span_drops_loop,
     token_pieces,
 )
 
@@ -24,6 +33,39 @@ RESPONSES = [  # (prompt index, response text)
     (1, "Compute 4 * 5 = 20 now. Then add one more to get it.\nFinal answer: 21"),
     (1, "Short.\n\\boxed{21}"),  # one span: "Short." (6 tokens; the lone "\n" is too short)
 ]
+
+
+@torch.no_grad()
+def span_drops_loop(
+    model: torch.nn.Module,
+    prompts: Sequence[list[int]],
+    contents: Sequence[list[int]],
+    layouts: Sequence[ResponseLayout],
+    mask_id: int,
+    *,
+    temperature: float = 1.0,
+) -> list[list[float]]:
+    """The slow reference ``span_drops_batched`` is checked against: one unpadded sequence per
+    forward pass, all logits, the answer log-prob summed token by token."""
+    device = next(model.parameters()).device
+    drops: list[list[float]] = [[] for _ in layouts]
+    for b, layout in enumerate(layouts):
+        if not _needs_pass(layout):
+            continue
+        p = len(prompts[b])
+
+        def answer_logp(seq: list[int]) -> float:
+            ids = torch.tensor([seq], device=device)
+            logits = model(input_ids=ids, use_cache=False).logits[0]
+            total = 0.0
+            for t in range(p + layout.answer_start, p + layout.length):
+                total += float(token_logprobs(logits[t - 1], ids[0, t], temperature))
+            return total
+
+        copies = _copies(list(prompts[b]), list(contents[b][: layout.length]), layout, mask_id)
+        full = answer_logp(copies[0])
+        drops[b] = [full - answer_logp(copy) for copy in copies[1:]]
+    return drops
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -152,3 +152,20 @@ def test_only_validation_errors_are_user_errors():
     assert not is_user_error(RuntimeError("z"))
     assert format_user_error(FileNotFoundError(2, "No such file or directory", "/x.jsonl")) == \
         "ibpo-lit: error: No such file or directory: /x.jsonl"
+
+
+def test_trainer_fit_in_python_runs_the_same_checks_before_weights_load(tmp_path):
+    # No command line: `IBPOModule.setup` runs `check_fit_settings` (the autouse fixture refuses loads).
+    import lightning as L
+
+    from ibpo_lit.config import RolloutConfig
+    from ibpo_lit.data.datamodule import PromptDataModule
+    from ibpo_lit.module import IBPOModule
+
+    module = IBPOModule(rollout=RolloutConfig(backend="vllm"))
+    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        default_root_dir=str(tmp_path))
+    with pytest.raises(ConfigError) as err:
+        trainer.fit(module, datamodule=PromptDataModule())
+    assert "2 settings to fix" in str(err.value)
+    assert "model.algorithm.ibpo.variant='plain'" in str(err.value) and "callbacks.VLLMWeightSync" in str(err.value)

@@ -40,7 +40,13 @@ from ibpo_lit.data.records import (
     RecordFormat,
     read_records,
 )
-from ibpo_lit.data.stream import ArithmeticSource, ProblemSource, PromptStream, RecordSource, StreamPosition
+from ibpo_lit.data.stream import (
+    ArithmeticSource,
+    ProblemSource,
+    PromptStream,
+    RecordSource,
+    StreamPosition,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -74,14 +80,15 @@ class PromptDataModule(L.LightningDataModule):
             arithmetic stream has its own arithmetic.seed.
         num_workers: DataLoader worker processes; 0 keeps resume exact.
         code_format: Read ``train_path``/``val_path`` as a code benchmark: ``humaneval``,
-            ``mbpp``, ``mbpp_sanitized`` or ``livecodebench`` (needs ``task: code``; score with
-            ``model.reward: code``, the sandbox).
+            ``mbpp``, ``mbpp_sanitized`` or ``livecodebench`` (needs ``model.reward: code``, the
+            sandbox).
         code_split: MBPP split trained on (``train``, ``validation``, ``test``, ``prompt``);
             unset = the whole file.
         code_val_split: The split of ``val_path`` validated on.
         code_shown_tests: MBPP asserts shown in the problem text (the rest stay hidden);
             unset = all, the benchmark's own format.
         task: Verifier that scores these prompts' responses (a name in ibpo_lit.rewards.REWARDS).
+            On the command line it is ``model.reward``'s value (linked; not set apart).
         val_size: Held-out problems for validation (``val/accuracy``): the first ``val_size``
             records of ``val_path``, or, without it, arithmetic problems from a stream seeded
             apart from training (``arithmetic.seed + 1000003``; small operand ranges can still
@@ -153,7 +160,8 @@ class PromptDataModule(L.LightningDataModule):
 
             _check_choice("code_format", code_format, tuple(CODE_LOADERS))
             if task != "code":
-                raise ValueError(f"data.code_format={code_format!r} needs data.task='code' (got {task!r})")
+                raise ValueError(f"data.code_format={code_format!r} needs the code verifier: model.reward: code "
+                                 f"(the data's task follows it; got {task!r})")
         self.code_format, self.code_split, self.code_val_split = code_format, code_split, code_val_split
         self.code_shown_tests = code_shown_tests
 

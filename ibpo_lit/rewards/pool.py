@@ -89,7 +89,7 @@ class RewardPool:
         num_workers: Worker processes; items are scored in parallel across them.
         timeout_s: Hard per-item limit in seconds; past it the worker is killed and replaced.
         import_modules: Modules each worker (and the parent, to check the name) imports first,
-            for rewards registered outside `ibpo_lit.rewards` (e.g. ``ibpo_lit.rewards._testing``).
+            for rewards registered outside `ibpo_lit.rewards` (e.g. the tests' ``misbehaving_rewards``).
 
     Raises:
         ValueError: a bad argument, or an unknown reward name (listing the valid names).

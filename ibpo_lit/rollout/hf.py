@@ -12,8 +12,7 @@ What is covered:
       before top-k/top-p/min-p filtering, through ``token_logprobs`` (the trainer's function).
     * No work twice: each distinct prompt is prefilled once and its KV cache indexed out to its
       ``n`` rows; a row that ends leaves the batch (its cache rows are dropped), so the
-      decode steps after it cost nothing for it. Measured on SmolLM2, 2 prompts x 8 rows x
-      128 tokens, fp32, 2 cores: 25.6 s -> 20.5 s for the same tokens.
+      decode steps after it cost nothing for it (what that saves: docs/benchmarks.md).
 
     * A policy sharded with FSDP2: its weights are gathered for the whole call
       (``ibpo_lit.scale.fsdp2.gathered_weights``), so each decoding step runs without

@@ -17,8 +17,6 @@ What is covered:
       Sequences are right-padded: with a causal mask, padding after a position never reaches
       it, so no attention mask is needed and position ids are the plain ``0..L-1``. Only the
       logits from the earliest answer position on are computed (``logits_to_keep``).
-    * ``span_drops_loop``: the slow reference, one unpadded sequence per forward pass, for
-      tests.
     * ``CIWScorer``: layouts, cached drops and weights for a ``RolloutBatch``, with metrics.
       The cache is keyed by (prompt ids, content ids) and holds one policy version
       (``step``): a new step clears it, since drops depend on the weights. Identical
@@ -229,39 +227,6 @@ def span_drops_batched(
     for _ in range(padding):
         model(input_ids=torch.full((1, 1), mask_id, dtype=torch.long, device=device), use_cache=False, logits_to_keep=1)
     return drops, {"passes": len(passes), "tokens": total_tokens}
-
-
-@torch.no_grad()
-def span_drops_loop(
-    model: torch.nn.Module,
-    prompts: Sequence[list[int]],
-    contents: Sequence[list[int]],
-    layouts: Sequence[ResponseLayout],
-    mask_id: int,
-    *,
-    temperature: float = 1.0,
-) -> list[list[float]]:
-    """Reference of ``span_drops_batched``: one unpadded sequence per forward pass, all logits,
-    the answer log-prob summed token by token. Slow; for tests."""
-    device = next(model.parameters()).device
-    drops: list[list[float]] = [[] for _ in layouts]
-    for b, layout in enumerate(layouts):
-        if not _needs_pass(layout):
-            continue
-        p = len(prompts[b])
-
-        def answer_logp(seq: list[int]) -> float:
-            ids = torch.tensor([seq], device=device)
-            logits = model(input_ids=ids, use_cache=False).logits[0]
-            total = 0.0
-            for t in range(p + layout.answer_start, p + layout.length):
-                total += float(token_logprobs(logits[t - 1], ids[0, t], temperature))
-            return total
-
-        copies = _copies(list(prompts[b]), list(contents[b][: layout.length]), layout, mask_id)
-        full = answer_logp(copies[0])
-        drops[b] = [full - answer_logp(copy) for copy in copies[1:]]
-    return drops
 
 
 # ------------------------------------------------------------------ the scorer

@@ -32,7 +32,7 @@ def test_mbpp_source_gives_code_prompts_with_sandbox_gold():
 def test_code_format_needs_the_code_task(tmp_path):
     path = tmp_path / "x.jsonl"
     path.write_text("{}\n")
-    with pytest.raises(ValueError, match="needs data.task='code'"):
+    with pytest.raises(ValueError, match="needs the code verifier: model.reward: code"):
         PromptDataModule(train_path=str(path), code_format="mbpp")
     with pytest.raises(ValueError, match="code_format"):
         PromptDataModule(train_path=str(path), code_format="apps", task="code")
@@ -47,8 +47,22 @@ def test_tiny_fit_on_mbpp_with_the_sandbox(tmp_path, monkeypatch):
     cli = main(["fit", "--config", os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny.yaml"),
                 "--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path),
                 "--trainer.enable_progress_bar", "false", "--data.train_path", MBPP, "--data.code_format", "mbpp",
-                "--data.task", "code", "--data.max_prompt_tokens", "4096", "--model.reward", "code",
+                "--data.max_prompt_tokens", "4096", "--model.reward", "code",
                 "--model.reward_timeout_s", "30"])
     metrics = cli.trainer.logged_metrics
     assert float(metrics["train/reward"]) == 0.0  # a random model writes no working code
     assert float(metrics["train/unscorable"]) == 0.0  # ... but every program was judged
+
+
+def test_the_data_task_follows_model_reward(tmp_path, monkeypatch):
+    # One setting: `model.reward` decides which verifier scores the prompts and how they are built.
+    from ibpo_lit.__main__ import main
+
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    base = ["--config", os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny.yaml"),
+            "--trainer.default_root_dir", str(tmp_path)]
+    cli = main([*base, "--model.reward", "code"], run=False)
+    assert cli.datamodule.task == "code" and cli.model.reward_name == "code"
+    assert main(base, run=False).datamodule.task == "math"
+    with pytest.raises(SystemExit):  # not a setting of its own any more
+        main([*base, "--data.task", "code"], run=False)

@@ -9,7 +9,7 @@ import pytest
 
 from ibpo_lit.rewards import RewardPool, math_score, math_score_inprocess, math_scores
 
-TESTING = ["ibpo_lit.rewards._testing"]  # registers "sleep", "busy_c", "raise", "none", "mixed"
+TESTING = ["misbehaving_rewards"]  # registers "sleep", "busy_c", "raise", "none", "mixed"
 TIMEOUT = 1.0
 
 CASES = [

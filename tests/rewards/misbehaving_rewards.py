@@ -1,7 +1,8 @@
 """Misbehaving rewards for the tests of `RewardPool`; registered only when this is imported.
 
 Pool workers are separate interpreters that find a reward by name, so a test passes
-``import_modules=["ibpo_lit.rewards._testing"]`` to make these names exist there too.
+``import_modules=["misbehaving_rewards"]`` to make these names exist there too (the workers get
+the parent's ``sys.path``, where pytest put this folder).
 
 - "sleep": sleeps 100 s (a hang that SIGALRM could interrupt).
 - "busy_c": one long C-level loop (``sum(range(10**15))``) that holds the interpreter; a Python
