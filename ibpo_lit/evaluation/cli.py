@@ -55,8 +55,9 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a == "--combine" or a.startswith("--combine=") for a in argv):
         return _combine_main(argv)
-    cfg = build_parser().parse_args(argv)
-    kwargs = {k: v for k, v in cfg.as_dict().items() if k not in ("config", "output", "__path__")}
+    parser = build_parser()
+    cfg = parser.instantiate(parser.parse_args(argv))  # `--vllm.*` becomes a VLLMConfig
+    kwargs = {k: v for k, v in vars(cfg).items() if k not in ("config", "output", "__path__")}
     result = evaluate(**kwargs)
     if cfg.output:
         write_json(result, cfg.output)

