@@ -11,8 +11,9 @@ What it writes, at every ``every_n_steps``-th rollout step (the first step inclu
       ``step``, ``uid``, ``problem``, ``gold``, ``response``, ``reward`` (the verifier's; null =
       unscorable), ``shaped_reward`` (after IBPO's shaping) and, when the step had corrections,
       ``correction_reward``. Appended, so a resumed run continues the same file.
-    * the same rollouts as a markdown table in TensorBoard's Text tab (tag ``samples``), when
-      the trainer logs to TensorBoard.
+    * the same rollouts to each of the trainer's loggers that can show them: TensorBoard's Text
+      tab (a markdown table, tag ``samples``), a W&B table (key ``samples``), an MLflow text
+      artifact (``samples/step_<step>.md``). Other loggers get the JSON Lines file only.
 
 Which rollouts: the first ``per_group`` responses of each of the step's first ``num_prompts``
 prompts, so both right and wrong answers to one problem sit side by side.
@@ -69,10 +70,25 @@ def markdown_table(records: list[dict[str, Any]]) -> str:
         text = "" if value is None else str(value)
         return text.replace("|", "\\|").replace("\n", "<br>")
 
-    keys = ["uid", "gold", "reward", "shaped_reward", "response"]
-    lines = ["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
-    lines += ["| " + " | ".join(cell(r.get(k)) for k in keys) + " |" for r in records]
+    lines = ["| " + " | ".join(TABLE_KEYS) + " |", "|" + " --- |" * len(TABLE_KEYS)]
+    lines += ["| " + " | ".join(cell(r.get(k)) for k in TABLE_KEYS) + " |" for r in records]
     return "\n".join(lines)
+
+
+TABLE_KEYS = ["uid", "gold", "reward", "shaped_reward", "response"]
+
+
+def log_samples(logger: Any, records: list[dict[str, Any]], step: int) -> None:
+    """Show ``records`` in ``logger``'s own way (see the module docstring); nothing for a logger without one."""
+    from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
+
+    if isinstance(logger, TensorBoardLogger):
+        logger.experiment.add_text("samples", markdown_table(records), global_step=step)
+    elif isinstance(logger, WandbLogger):
+        logger.log_table("samples", columns=TABLE_KEYS, data=[[r.get(k) for k in TABLE_KEYS] for r in records],
+                         step=step)
+    elif isinstance(logger, MLFlowLogger):
+        logger.experiment.log_text(logger.run_id, markdown_table(records), f"samples/step_{step:07d}.md")
 
 
 class RolloutSamples(Callback):
@@ -113,6 +129,4 @@ class RolloutSamples(Callback):
             for record in records:
                 f.write(json.dumps(record) + "\n")
         for logger in trainer.loggers:
-            add_text = getattr(getattr(logger, "experiment", None), "add_text", None)
-            if callable(add_text):
-                add_text("samples", markdown_table(records), global_step=trainer.global_step)
+            log_samples(logger, records, trainer.global_step)

@@ -206,10 +206,28 @@ def build_arm_config(base: dict, arm: str, seed: int, settings: ArmSettings, roo
         }
     )
     trainer["callbacks"] = callbacks
+    if "logger" in trainer:
+        trainer["logger"] = with_tensorboard(trainer["logger"], root_dir)
     cfg["checkpoint"] = {"save_last": False, "save_top_k": 0}
     _set(cfg, "data.val_size", settings.val_size)
     _set(cfg, "model.val_samples", settings.val_samples)
     return cfg
+
+
+TENSORBOARD = "lightning.pytorch.loggers.TensorBoardLogger"
+
+
+def with_tensorboard(logger, save_dir: str):
+    """``trainer.logger`` with a TensorBoard logger among its loggers: run summaries are read from
+    its event files (`runs.read_scalars`). The user's W&B or MLflow logger stays and gets every
+    metric too. Unset or ``true`` is Lightning's default, TensorBoard already."""
+    if logger is None or logger is True:
+        return logger
+    loggers = [] if logger is False else list(logger) if isinstance(logger, list) else [logger]
+    if any(isinstance(entry, dict) and entry.get("class_path", "").endswith("TensorBoardLogger") for entry in loggers):
+        return loggers
+    # `save_dir`: the run's default_root_dir, where Lightning's default logger writes its events.
+    return [*loggers, {"class_path": TENSORBOARD, "init_args": {"save_dir": save_dir}}]
 
 
 def same_config_arm(base: dict, arm: str, seed: int, settings: ArmSettings, candidates) -> str | None:
