@@ -157,20 +157,22 @@ class GradientVarianceLogger(Callback):
         rows = rows.to(device)
         num_seqs = float(len(rows))
         num_tokens = float(batch.response_mask[rows].sum())
-        beta_kl = getattr(getattr(pl_module, "algorithm", None), "beta_kl", 0.0)
-        active = rows[advantages[rows] != 0] if not beta_kl else rows  # zero advantage: zero gradient
+        updater = pl_module.updater
+        # zero advantage: zero gradient, unless a KL or entropy term is on
+        active = rows if updater.regularizer.needs_every_row else rows[advantages[rows] != 0]
         micro_size = getattr(getattr(pl_module, "rollout_cfg", None), "micro_batch_size", None) or max(len(active), 1)
 
         total = [torch.zeros_like(p, dtype=torch.float32) for p in params]
         with torch.enable_grad():
             for micro in active.split(micro_size) if len(active) else ():
-                loss, _ = pl_module.updater.policy_loss(
+                loss, _ = updater.policy_loss(
                     batch.select(micro),
                     advantages[micro],
                     weights[micro] if weights is not None else None,
                     None,
                     num_seqs=num_seqs,
                     num_tokens=num_tokens,
+                    ref_logp=updater.ref_logprobs(batch.select(micro)),
                 )
                 grads = torch.autograd.grad(loss, params, allow_unused=True)
                 for acc, g in zip(total, grads):

@@ -12,6 +12,7 @@ from ibpo_lit.algorithms.registry import (
     POLICY_LOSSES,
     LossSettings,
 )
+from ibpo_lit.algorithms.regularizers import KL_ESTIMATORS, RegularizerSettings
 from ibpo_lit.algorithms.shaping import validate_shaping
 from ibpo_lit.data.correction_prompt import (
     DEFAULT_CODE_TEMPLATE,
@@ -114,8 +115,13 @@ class AlgorithmConfig:
         agg_mode: How ``grpo`` averages token losses: ``seq-mean-token-mean`` (GRPO),
             ``token-mean`` (DAPO) or ``seq-mean-token-sum``. Leave unset for ``gspo``,
             which always averages each sequence's tokens, then sequences.
-        beta_kl: Weight of the KL penalty to the initial policy (``grpo`` only; 0 = off, as
-            in the IBPO experiments).
+        beta_kl: Weight of the KL penalty to the initial policy, with any loss (0 = off, as in
+            the IBPO experiments; verl's ``kl_loss_coef``).
+        kl_estimator: ``k1``, ``k2`` or ``k3`` (verl's ``kl``, ``mse``, ``low_var_kl``). Their
+            gradients differ: k1's is zero in expectation, k2's is that of KL(pi || ref), k3's
+            that of KL(ref || pi); see ``ibpo_lit/algorithms/regularizers.py``.
+        entropy_coef: Weight of an entropy bonus (verl's ``entropy_coeff``; 0 = off).
+            ``train/entropy`` is logged either way.
         advantage_scale: ``group`` (divide by the group's std), ``batch`` (by the batch's
             std) or ``none`` (Dr.GRPO: no division).
         ibpo: IBPO's settings, all in one place (see ``IBPOConfig``): ``variant: none`` is
@@ -132,6 +138,8 @@ class AlgorithmConfig:
     eps_high: float = 4e-4
     agg_mode: Optional[str] = None
     beta_kl: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
     advantage_scale: str = "group"
     ibpo: IBPOConfig = field(default_factory=IBPOConfig)
     ciw: Optional[CIWConfig] = None
@@ -147,10 +155,9 @@ class AlgorithmConfig:
                     "ratio is per sequence, so its loss is always a mean over each sequence's tokens "
                     "then over sequences. Remove agg_mode or use loss: grpo."
                 )
-        if self.beta_kl < 0:
-            raise ValueError(f"algorithm.beta_kl must be >= 0, got {self.beta_kl}")
-        if self.beta_kl > 0 and self.loss != "grpo":
-            raise ValueError("algorithm.beta_kl > 0 is supported with loss: grpo only")
+        if self.beta_kl < 0 or self.entropy_coef < 0:
+            raise ValueError(f"algorithm.beta_kl and entropy_coef must be >= 0, got {self.beta_kl}, {self.entropy_coef}")
+        KL_ESTIMATORS.get(self.kl_estimator)
         if not (0 <= self.eps_low < 1 and self.eps_high >= 0):
             raise ValueError(
                 f"algorithm.eps_low must be in [0, 1) and eps_high >= 0, got {self.eps_low}, {self.eps_high}"
@@ -159,7 +166,13 @@ class AlgorithmConfig:
     @property
     def loss_settings(self) -> LossSettings:
         """What the policy loss is given (every loss takes the same settings)."""
-        return LossSettings(eps_low=self.eps_low, eps_high=self.eps_high, agg_mode=self.agg_mode, beta_kl=self.beta_kl)
+        return LossSettings(eps_low=self.eps_low, eps_high=self.eps_high, agg_mode=self.agg_mode)
+
+    @property
+    def regularizer_settings(self) -> RegularizerSettings:
+        """The KL and entropy terms added to the loss, aggregated as the loss is."""
+        return RegularizerSettings(self.beta_kl, self.kl_estimator, self.entropy_coef,
+                                   self.agg_mode or "seq-mean-token-mean")
 
 
 @dataclass

@@ -133,3 +133,26 @@ def test_models_that_transform_logits_keep_the_full_head():
     assert head_is_last(model)
     model.config.final_logit_softcapping = 30.0
     assert not head_is_last(model)
+
+
+@pytest.mark.parametrize("path", ["per_row", "shared", "chunked"])
+def test_entropy_comes_from_the_same_forward_and_matches_the_full_logits(model, batch, path):
+    from ibpo_lit.algorithms.logprobs import token_entropy
+    from ibpo_lit.training.logprobs import response_logprobs_and_entropy
+
+    model.eval()
+    ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)
+    mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1).long()
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0)).logits
+    lp = batch.prompt_ids.shape[1]
+    expected = token_entropy(logits[:, lp - 1: lp - 1 + batch.response_ids.shape[1]], 0.8)
+    options = {"per_row": {"single_pass": True}, "shared": {}, "chunked": {"chunk_tokens": 7}}[path]
+    logp, entropy = response_logprobs_and_entropy(model, batch, 0.8, **options)
+    resp = batch.response_mask
+    assert (entropy - expected)[resp].abs().max() < 1e-5
+    assert (logp - response_logprobs(model, batch, 0.8, **options))[resp].abs().max() < 1e-6
+    assert not entropy.requires_grad  # logged only: nothing kept for backward
+    model.train()
+    _, with_grad = response_logprobs_and_entropy(model, batch, 0.8, entropy_grad=True, **options)
+    assert with_grad.requires_grad  # an entropy bonus trains through it

@@ -1,12 +1,14 @@
 """The formulas of docs/METHOD.md as pure tensor functions (no Lightning, no models, no I/O).
 
 Importing this package fills the registries (``POLICY_LOSSES``, ``ADVANTAGE_SCALES``,
-``SHAPING_VARIANTS``, ``AGGREGATIONS``), so a config can name any entry. Every policy loss is
-called the same way::
+``SHAPING_VARIANTS``, ``AGGREGATIONS``, ``KL_ESTIMATORS``), so a config can name any entry.
+Every policy loss is called the same way, and the KL and entropy terms are added to any of them::
 
     loss, metrics = POLICY_LOSSES.get(name)(
         LossInputs(logp, old_logp, advantages, mask, token_weights=w, num_seqs=n_seqs,
-                   num_tokens=n_tokens, ref_logp=ref), LossSettings(eps_low, eps_high, ...))
+                   num_tokens=n_tokens), LossSettings(eps_low, eps_high, ...))
+    extra, more = regularizers(logp, mask, RegularizerSettings(beta_kl, "k3", entropy_coef),
+                               ref_logp=ref, entropy=h, num_seqs=n_seqs, num_tokens=n_tokens)
 
 with logp, old_logp, mask, w [B, T], advantages [B], and ``num_seqs`` / ``num_tokens`` the
 GLOBAL counts of the whole batch under micro-batching (``aggregation.py``); see
@@ -22,7 +24,7 @@ from ibpo_lit.algorithms.edit_alignment import (
 )
 from ibpo_lit.algorithms.grpo import grpo_loss
 from ibpo_lit.algorithms.gspo import gspo_loss
-from ibpo_lit.algorithms.logprobs import token_logprobs
+from ibpo_lit.algorithms.logprobs import token_entropy, token_logprobs
 from ibpo_lit.algorithms.registry import (
     ADVANTAGE_SCALES,
     AGGREGATIONS,
@@ -36,6 +38,11 @@ from ibpo_lit.algorithms.registry import (
     get_policy_loss,
     get_shaping_variant,
 )
+from ibpo_lit.algorithms.regularizers import (
+    KL_ESTIMATORS,
+    RegularizerSettings,
+    regularizers,
+)
 from ibpo_lit.algorithms.shaping import (
     ShapingResult,
     ibpo_delta,
@@ -46,6 +53,10 @@ from ibpo_lit.algorithms.shaping import (
 __all__ = [
     "ADVANTAGE_SCALES",
     "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "RegularizerSettings",
+    "regularizers",
+    "token_entropy",
     "LossInputs",
     "LossSettings",
     "POLICY_LOSSES",

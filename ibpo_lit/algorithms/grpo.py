@@ -1,17 +1,17 @@
 """GRPO / DAPO token-level clipped loss (METHOD section 4).
 
 Per token: ``rho_t = exp(logp_t - old_logp_t)``,
-``loss_t = -w_t * min(rho_t*A, clip(rho_t, 1-eps_low, 1+eps_high)*A) + beta_kl * kl_t``,
+``loss_t = -w_t * min(rho_t*A, clip(rho_t, 1-eps_low, 1+eps_high)*A)``,
 then ``aggregate(loss, mask, agg_mode, num_seqs, num_tokens)``:
 "seq-mean-token-mean" is GRPO, "token-mean" is DAPO's token-level loss.
 
-``kl_t`` is the k3 estimator of DeepSeekMath, ``exp(ref - logp) - (ref - logp) - 1`` (>= 0,
-unbiased for KL(pi_theta || pi_ref) under samples of pi_theta). It is not multiplied by
-``w_t``: token weights re-weight credit, not the trust region to the reference.
+The KL penalty to a reference is not part of this loss: it is added to any loss, with a choice
+of estimator (``regularizers.py``), aggregated like the loss (the sum of the two aggregates is
+the aggregate of ``loss_t + beta * kl_t``: every aggregation is linear). It is not multiplied
+by ``w_t``: token weights re-weight credit, not the trust region to the reference.
 
 Choices: eps_low = eps_high = 0.2 by default (PPO/GRPO; DAPO's clip-higher is eps_high=0.28);
-no dual-clip and no log-ratio clamp; computed in float32; ``beta_kl = 0`` (the IBPO setting)
-skips the KL and does not need ``ref_logp``.
+no dual-clip and no log-ratio clamp; computed in float32.
 """
 from __future__ import annotations
 
@@ -31,12 +31,10 @@ def grpo_loss(
     eps_high: float = 0.2,
     agg_mode: str = "seq-mean-token-mean",
     token_weights: Tensor | None = None,
-    ref_logp: Tensor | None = None,
-    beta_kl: float = 0.0,
     num_seqs: float | None = None,
     num_tokens: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Token-level clipped surrogate (+ optional k3 KL), aggregated.
+    """Token-level clipped surrogate, aggregated.
 
     Args:
         logp: [B, T] log pi_theta of the sampled tokens (requires grad).
@@ -46,21 +44,14 @@ def grpo_loss(
         eps_low, eps_high: clip range ``[1 - eps_low, 1 + eps_high]`` of ``rho_t``.
         agg_mode: a name in ``AGGREGATIONS``.
         token_weights: [B, T] float ``w_t`` or None (all 1).
-        ref_logp: [B, T] log pi_ref, required when ``beta_kl > 0``.
-        beta_kl: KL coefficient (>= 0).
         num_seqs, num_tokens: global counts for micro-batching (see ``aggregation.py``).
 
     Returns:
         loss: [] float32 scalar to minimise.
         metrics: detached [] tensors "clip_frac" (share of valid tokens whose clipped branch
-            is active), "ratio_mean" (mean ``rho_t`` over valid tokens), and "kl" (mean
-            ``kl_t`` over valid tokens) when ``beta_kl > 0``; clip_frac 0 and ratio_mean 1
-            when no token is valid.
+            is active) and "ratio_mean" (mean ``rho_t`` over valid tokens); clip_frac 0 and
+            ratio_mean 1 when no token is valid.
     """
-    if beta_kl < 0:
-        raise ValueError(f"beta_kl must be >= 0; got {beta_kl}")
-    if beta_kl > 0 and ref_logp is None:
-        raise ValueError("grpo_loss: beta_kl > 0 needs ref_logp ([B, T] reference log-probs)")
     valid = mask != 0
     # where(), not * mask: padding may hold -inf log-probs.
     logp = torch.where(valid, logp.float(), 0.0)
@@ -72,16 +63,7 @@ def grpo_loss(
     surrogate = torch.minimum(ratio * adv, clipped_ratio * adv)
     if token_weights is not None:
         surrogate = surrogate * torch.where(valid, token_weights.float(), 0.0)
-    loss_mat = -surrogate
-
-    kl = None
-    if beta_kl > 0:
-        ref_logp = torch.where(valid, ref_logp.float(), 0.0)
-        log_ref_ratio = ref_logp - logp
-        kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1.0
-        loss_mat = loss_mat + beta_kl * kl
-
-    loss = aggregate(loss_mat, mask, agg_mode, num_seqs=num_seqs, num_tokens=num_tokens)
+    loss = aggregate(-surrogate, mask, agg_mode, num_seqs=num_seqs, num_tokens=num_tokens)
 
     with torch.no_grad():
         n_valid = valid.sum().clamp_min(1).float()
@@ -93,8 +75,6 @@ def grpo_loss(
             if valid.any()
             else torch.ones((), device=ratio.device),
         }
-        if kl is not None:
-            metrics["kl"] = torch.where(valid, kl, 0.0).sum() / n_valid
     return loss, metrics
 
 
@@ -103,5 +83,5 @@ def grpo_policy_loss(inputs: LossInputs, settings: LossSettings) -> tuple[Tensor
     """``grpo_loss`` under the registry's contract."""
     optional = {"agg_mode": settings.agg_mode} if settings.agg_mode is not None else {}
     return grpo_loss(inputs.logp, inputs.old_logp, inputs.advantages, inputs.mask, settings.eps_low,
-                     settings.eps_high, token_weights=inputs.token_weights, ref_logp=inputs.ref_logp,
-                     beta_kl=settings.beta_kl, num_seqs=inputs.num_seqs, num_tokens=inputs.num_tokens, **optional)
+                     settings.eps_high, token_weights=inputs.token_weights, num_seqs=inputs.num_seqs,
+                     num_tokens=inputs.num_tokens, **optional)

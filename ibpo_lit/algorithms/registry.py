@@ -9,12 +9,12 @@ Contracts of the entries:
 
 - ``POLICY_LOSSES[name](inputs: LossInputs, settings: LossSettings) -> (loss, metrics)``: every
   loss takes the same two arguments, so the caller never branches on the loss's name.
-  ``inputs`` holds logp, old_logp, mask, token_weights [B, T], advantages [B], ``ref_logp``
-  [B, T] (set by the caller when ``settings.needs_ref_logp``) and ``num_seqs`` /
+  ``inputs`` holds logp, old_logp, mask, token_weights [B, T], advantages [B] and ``num_seqs`` /
   ``num_tokens``, the GLOBAL counts of the whole batch when the caller splits it into
-  micro-batches (see ``aggregation.py``). ``settings`` holds the clip range, GRPO's
-  aggregation and the KL weight (from ``algorithm``; a loss ignores what it has no use for:
-  GSPO is always a mean over each sequence's tokens, then sequences). loss is a scalar to
+  micro-batches (see ``aggregation.py``). ``settings`` holds the clip range and GRPO's
+  aggregation (from ``algorithm``; a loss ignores what it has no use for: GSPO is always a mean
+  over each sequence's tokens, then sequences). The KL and entropy terms are added to every
+  loss by the caller (``regularizers.py``). loss is a scalar to
   minimise; metrics a dict of detached scalar tensors. The pure formulas (``gspo_loss``,
   ``grpo_loss``) keep their own keyword signatures; the entries adapt them.
 - ``ADVANTAGE_SCALES[name](rewards, finite, group_index, group_mean, group_count) -> [B]``:
@@ -42,11 +42,6 @@ class LossSettings:
     eps_low: float
     eps_high: float
     agg_mode: Optional[str] = None  # GRPO's aggregation (None: the loss's default)
-    beta_kl: float = 0.0  # KL weight to the reference policy (GRPO)
-
-    @property
-    def needs_ref_logp(self) -> bool:
-        return self.beta_kl > 0
 
 
 @dataclass
@@ -60,7 +55,6 @@ class LossInputs:
     token_weights: Optional[Tensor] = None
     num_seqs: Optional[float] = None
     num_tokens: Optional[float] = None
-    ref_logp: Optional[Tensor] = None
 
 
 POLICY_LOSSES = Registry("policy loss")

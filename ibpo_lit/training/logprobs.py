@@ -23,6 +23,10 @@ What is covered:
       positions, 2.5 GB at a time. This runs inside the model's own forward (the head's
       ``forward`` is swapped for the duration of the call), so a head gathered by FSDP2 for that
       forward is the one used.
+    * The entropy of each position's sampling distribution from the same logits
+      (``response_logprobs_and_entropy``): no second pass over the vocabulary's logits. It
+      carries a gradient only when asked (an entropy bonus); otherwise it is computed without
+      one and costs no memory in backward.
     * ``single_pass``: exactly one forward per call, whatever the rows (the plain per-row
       forward). Under FSDP2 every forward is a collective, so ranks must agree on the number of
       forwards; the shared-prompt path runs one per length bucket, which depends on the rank's
@@ -48,7 +52,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
-from ibpo_lit.algorithms.logprobs import token_logprobs
+from ibpo_lit.algorithms.logprobs import token_entropy, token_logprobs
 from ibpo_lit.rollout.batch import RolloutBatch
 
 BUCKET_OVERHEAD_TOKENS = 32
@@ -58,6 +62,46 @@ weight again); sets how finely rows are split by response length (see ``_length_
 
 # Config fields of architectures that transform the logits after the LM head.
 LOGIT_TRANSFORM_FIELDS = ("final_logit_softcapping", "logit_softcapping", "logit_scale", "logits_scaling")
+
+
+class _Stats:
+    """What the forward reduces each position's logits [..., V] to: the chosen token's log-prob
+    [...] alone, or with the distribution's entropy, stacked [..., 2]."""
+
+    def __init__(self, temperature: float, entropy: Optional[str] = None) -> None:
+        self.temperature, self.entropy = temperature, entropy  # entropy: None, "value" or "grad"
+
+    @property
+    def trailing(self) -> tuple[int, ...]:
+        return (2,) if self.entropy else ()
+
+    def __call__(self, logits: Tensor, targets: Tensor) -> Tensor:
+        logp = token_logprobs(logits, targets, self.temperature)
+        if not self.entropy:
+            return logp
+        if self.entropy == "grad":
+            return torch.stack([logp, token_entropy(logits, self.temperature)], dim=-1)
+        with torch.no_grad():
+            entropy = token_entropy(logits.detach(), self.temperature)
+        return torch.stack([logp, entropy], dim=-1)
+
+
+def response_logprobs_and_entropy(
+    model: torch.nn.Module,
+    batch: RolloutBatch,
+    temperature: float = 1.0,
+    *,
+    entropy_grad: bool = False,
+    single_pass: bool = False,
+    chunk_tokens: Optional[int] = None,
+) -> tuple[Tensor, Tensor]:
+    """``response_logprobs`` and, from the same logits, the entropy [B, Lr] float32 of
+    ``softmax(logits / temperature)`` at every response position (with a gradient only when
+    ``entropy_grad``)."""
+    stats = _response_stats(model, batch, _Stats(temperature, "grad" if entropy_grad else "value"),
+                            single_pass, chunk_tokens)
+    entropy = stats[..., 1]
+    return stats[..., 0], entropy if entropy_grad else entropy.detach()
 
 
 def response_logprobs(
@@ -79,20 +123,25 @@ def response_logprobs(
     share a prompt share its forward unless ``single_pass``; ``chunk_tokens`` bounds the
     positions whose logits exist at once (see the module docstring).
     """
+    return _response_stats(model, batch, _Stats(temperature), single_pass, chunk_tokens)
+
+
+def _response_stats(model, batch: RolloutBatch, stats: _Stats, single_pass: bool, chunk_tokens: Optional[int]) -> Tensor:
     if (
         single_pass
         or len(batch) < 2
         or batch.response_ids.shape[1] < 2
         or getattr(model, "is_gradient_checkpointing", False)
     ):
-        return _per_row_logprobs(model, batch, temperature, chunk_tokens)
-    return _shared_prompt_logprobs(model, batch, temperature, *_distinct_prompts(batch), chunk_tokens=chunk_tokens)
+        return _per_row_logprobs(model, batch, stats, chunk_tokens)
+    return _shared_prompt_logprobs(model, batch, stats, *_distinct_prompts(batch), chunk_tokens=chunk_tokens)
 
 
 def _per_row_logprobs(
-    model: torch.nn.Module, batch: RolloutBatch, temperature: float, chunk_tokens: Optional[int] = None
+    model: torch.nn.Module, batch: RolloutBatch, stats, chunk_tokens: Optional[int] = None
 ) -> Tensor:
-    """One forward of every row's prompt + response."""
+    """One forward of every row's prompt + response (``stats``: a temperature, or a ``_Stats``)."""
+    stats = stats if isinstance(stats, _Stats) else _Stats(float(stats))
     input_ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)
     attention_mask = torch.cat([batch.prompt_mask, batch.response_mask], dim=1).long()
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
@@ -100,19 +149,19 @@ def _per_row_logprobs(
     # Position Lp-1+t predicts response token t.
     predicting = torch.arange(lp - 1, lp - 1 + lr, device=input_ids.device)
     return _forward_logprobs(
-        model, batch.response_ids, temperature, chunk_tokens,
+        model, batch.response_ids, stats, chunk_tokens,
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
         logits_to_keep=predicting,
     )
 
 
 def _forward_logprobs(
-    model: torch.nn.Module, targets: Tensor, temperature: float, chunk_tokens: Optional[int], **inputs
+    model: torch.nn.Module, targets: Tensor, stats: _Stats, chunk_tokens: Optional[int], **inputs
 ) -> Tensor:
-    """[B, K] log-probs of ``targets`` [B, K] at the K positions the forward keeps logits for."""
+    """[B, K(, 2)] ``stats`` of ``targets`` [B, K] at the K positions the forward keeps logits for."""
     if chunk_tokens is None or not head_is_last(model):
-        return token_logprobs(model(**inputs).logits, targets, temperature)
-    with logprob_head(model, targets, temperature, chunk_tokens):
+        return stats(model(**inputs).logits, targets)
+    with logprob_head(model, targets, stats, chunk_tokens):
         return model(**inputs).logits
 
 
@@ -127,13 +176,14 @@ def head_is_last(model: torch.nn.Module) -> bool:
 
 
 @contextmanager
-def logprob_head(model: torch.nn.Module, targets: Tensor, temperature: float, chunk_tokens: int) -> Iterator[None]:
+def logprob_head(model: torch.nn.Module, targets: Tensor, stats, chunk_tokens: int) -> Iterator[None]:
     """While the block runs, the model's LM head maps hidden states [B, K, H] to the
     log-probs [B, K] of ``targets`` [B, K] (so ``model(...).logits`` holds log-probs), in
-    chunks of ``chunk_tokens`` positions."""
+    chunks of ``chunk_tokens`` positions. ``stats`` is a temperature (log-probs) or a ``_Stats``."""
+    stats = stats if isinstance(stats, _Stats) else _Stats(float(stats))
     head = model.get_output_embeddings()
     own = head.__dict__.get("forward")  # an instance-level forward (hooks) to restore after
-    head.forward = lambda hidden: chunked_token_logprobs(hidden, head, targets, temperature, chunk_tokens)
+    head.forward = lambda hidden: chunked_token_logprobs(hidden, head, targets, stats, chunk_tokens)
     try:
         yield
     finally:
@@ -144,17 +194,18 @@ def logprob_head(model: torch.nn.Module, targets: Tensor, temperature: float, ch
 
 
 def chunked_token_logprobs(
-    hidden: Tensor, head: torch.nn.Module, targets: Tensor, temperature: float, chunk_tokens: int
+    hidden: Tensor, head: torch.nn.Module, targets: Tensor, stats, chunk_tokens: int
 ) -> Tensor:
-    """``token_logprobs(head(hidden), targets)`` [B, K] float32 from hidden states [B, K, H],
-    with logits for at most ``chunk_tokens`` positions alive at a time (recomputed chunk by
-    chunk in backward)."""
-    shape = targets.shape
+    """``token_logprobs(head(hidden), targets)`` [B, K] float32 from hidden states [B, K, H]
+    (or a ``_Stats``' [B, K, 2]; ``stats`` a temperature or a ``_Stats``), with logits for at
+    most ``chunk_tokens`` positions alive at a time (recomputed chunk by chunk in backward)."""
+    stats = stats if isinstance(stats, _Stats) else _Stats(float(stats))
+    shape = (*targets.shape, *stats.trailing)
     flat, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     head_forward = type(head).forward
 
     def piece(h: Tensor, t: Tensor) -> Tensor:
-        return token_logprobs(head_forward(head, h), t, temperature)
+        return stats(head_forward(head, h), t)
 
     if flat.shape[0] <= chunk_tokens:
         pieces = [piece(flat, flat_targets)]
@@ -182,7 +233,7 @@ def _distinct_prompts(batch: RolloutBatch) -> tuple[Tensor, Tensor]:
 def _shared_prompt_logprobs(
     model: torch.nn.Module,
     batch: RolloutBatch,
-    temperature: float,
+    stats: _Stats,
     first: Tensor,
     inverse: Tensor,
     chunk_tokens: Optional[int] = None,
@@ -204,9 +255,9 @@ def _shared_prompt_logprobs(
     )
     prompt_cache = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
     response_ids = batch.response_ids
-    logp = torch.zeros(response_ids.shape, dtype=torch.float32, device=response_ids.device)  # [B, Lr]
+    logp = torch.zeros((*response_ids.shape, *stats.trailing), dtype=torch.float32, device=response_ids.device)
     # The last prompt position predicts response token 0.
-    logp[:, 0] = token_logprobs(out.logits[:, -1][inverse], response_ids[:, 0], temperature)
+    logp[:, 0] = stats(out.logits[:, -1][inverse], response_ids[:, 0])
     lengths = batch.response_mask.sum(dim=1)
     for rows in _length_buckets(lengths):
         n = int(lengths[rows].max())
@@ -219,7 +270,7 @@ def _shared_prompt_logprobs(
         inputs = response_ids[rows, : n - 1]  # token t predicts token t + 1
         steps = torch.arange(n - 1, device=inputs.device)
         logp[rows, 1:n] = _forward_logprobs(
-            model, response_ids[rows, 1:n], temperature, chunk_tokens,
+            model, response_ids[rows, 1:n], stats, chunk_tokens,
             input_ids=inputs,
             attention_mask=torch.cat([row_prompt_mask, batch.response_mask[rows, : n - 1].long()], dim=1),
             position_ids=row_prompt_mask.sum(dim=1, keepdim=True) + steps,  # [rows, n - 1]

@@ -2,7 +2,9 @@
 
 ``num_mini_batches`` optimizer steps over an ``UpdateBatch``, each accumulated over
 micro-batches whose losses sum exactly to the mini-batch loss, with denominators counted over
-every rank; the policy loss's forward (``policy_loss``); global gradient-norm clipping; a step
+every rank; the policy loss's forward (``policy_loss``: the configured loss plus the KL and
+entropy terms, ``algorithms/regularizers.py``; the reference's log-probs once per rollout
+batch); global gradient-norm clipping; a step
 whose loss or gradient norm is not finite is skipped (on every rank) and counted, and
 ``max_nonfinite_steps`` of them in a row stop the run. Under FSDP2 every forward is a
 collective, so every rank runs as many passes as the busiest one.
@@ -21,11 +23,12 @@ import torch
 from torch import Tensor
 
 from ibpo_lit.algorithms.registry import POLICY_LOSSES, LossInputs
+from ibpo_lit.algorithms.regularizers import regularizers
 from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.scale.collectives import SINGLE_PROCESS, RankSync
 from ibpo_lit.scale.fsdp2 import is_sharded
-from ibpo_lit.training.logprobs import response_logprobs
+from ibpo_lit.training.logprobs import response_logprobs, response_logprobs_and_entropy
 from ibpo_lit.training.step_types import UpdateBatch
 
 
@@ -77,6 +80,11 @@ class PolicyUpdate:
         return is_sharded(self.policy)
 
     @property
+    def regularizer(self):
+        """The KL and entropy terms' settings (``algorithms/regularizers.py``)."""
+        return self.algorithm.regularizer_settings
+
+    @property
     def temperature(self) -> float:
         return self.rollout_cfg.sampling.temperature
 
@@ -96,6 +104,8 @@ class PolicyUpdate:
         elif cfg.num_mini_batches > 1:
             # pi_old must be the policy before the first update of this batch.
             old_logp = self.logprobs_no_grad(self.policy, batch)
+        # The reference never changes: its log-probs once per rollout batch, not per micro-batch.
+        ref_logp = self.ref_logprobs(batch)
 
         n = len(batch)
         generator = torch.Generator().manual_seed(cfg.seed * 7919 + step_index)
@@ -104,16 +114,17 @@ class PolicyUpdate:
         # tensor_split: exactly num_mini_batches optimizer steps on every rank, whatever its rows
         # (torch.chunk may return fewer parts than asked for).
         for mini in order.tensor_split(cfg.num_mini_batches):
-            for key, value in self._mini_batch(batch, advantages, token_weights, old_logp, mini.to(device), optimizer,
-                                               scheduler).items():
+            for key, value in self._mini_batch(batch, advantages, token_weights, old_logp, ref_logp, mini.to(device),
+                                               optimizer, scheduler).items():
                 totals[key] = totals.get(key, 0.0) + value / cfg.num_mini_batches
         metrics = totals
         metrics["train/nonfinite_steps"] = float(self.nonfinite_total)  # a count, not a mean over mini-batches
         metrics["rollout/logprob_mismatch"] = self.mismatch_metric(update)
         return metrics
 
-    def _mini_batch(self, batch, advantages, token_weights, old_logp, rows, optimizer, scheduler) -> dict[str, float]:
-        cfg, algo, sync = self.rollout_cfg, self.algorithm, self.runtime.sync
+    def _mini_batch(self, batch, advantages, token_weights, old_logp, ref_logp, rows, optimizer,
+                    scheduler) -> dict[str, float]:
+        cfg, sync = self.rollout_cfg, self.runtime.sync
         optimizer.zero_grad(set_to_none=True)
 
         # Global denominators: every micro-batch loss is a share of the mini-batch loss, over
@@ -121,9 +132,9 @@ class PolicyUpdate:
         # loss is scaled by the number of ranks to make the sum of shares the global mean.
         world = self.runtime.world_size
         num_seqs, num_tokens = sync.sum([float(len(rows)), float(batch.response_mask[rows].sum())])
-        # A row with zero advantage contributes exactly zero loss and gradient (without a
-        # KL term): skip its forward pass, but keep it in the denominators above.
-        active = rows[advantages[rows] != 0] if algo.beta_kl == 0 else rows
+        # A row with zero advantage contributes exactly zero loss and gradient (without a KL or
+        # entropy term): skip its forward pass, but keep it in the denominators above.
+        active = rows if self.regularizer.needs_every_row else rows[advantages[rows] != 0]
         lengths = batch.response_mask[active].sum(dim=1) + batch.prompt_mask[active].sum(dim=1)
         active = active[torch.argsort(lengths, stable=True)]  # similar lengths share a micro-batch: less padding
 
@@ -141,6 +152,7 @@ class PolicyUpdate:
                 advantages[micro],
                 token_weights[micro] if token_weights is not None else None,
                 old_logp[micro] if old_logp is not None else None,
+                ref_logp=ref_logp[micro] if ref_logp is not None else None,
                 num_seqs=num_seqs,
                 num_tokens=num_tokens,
                 bookkeeping=not padding,
@@ -187,43 +199,49 @@ class PolicyUpdate:
         num_seqs: Optional[float] = None,
         num_tokens: Optional[float] = None,
         bookkeeping: bool = True,
+        ref_logp: Optional[Tensor] = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """Forward ``batch`` (trimmed to its own padding) and return the configured loss.
 
         ``advantages`` [n]; ``token_weights`` and ``old_logp`` [n, >=Lr] (cut to the batch's
         response length); ``old_logp=None`` means on-policy (``pi_old`` = this forward,
-        detached). ``num_seqs``/``num_tokens`` are the global denominators (default: this
+        detached); ``ref_logp`` [n, >=Lr] the reference's (needed when ``beta_kl > 0``). The
+        entropy comes from this forward's logits (``train/entropy``). ``num_seqs``/``num_tokens`` are the global denominators (default: this
         batch's own), so several calls' losses add up to one batch's loss. ``bookkeeping=False``
         (a padding pass) leaves the token counters and the mismatch metric alone.
         """
         batch = batch.trimmed()
-        logp = self.logprobs(self.policy, batch)
+        reg = self.regularizer
+        logp, entropy = response_logprobs_and_entropy(
+            self.policy, batch, self.temperature, entropy_grad=reg.entropy_coef > 0,
+            single_pass=self.uniform_forwards, chunk_tokens=self.logprob_chunk_tokens)
         width = logp.shape[1]
         if bookkeeping:
             self._count("trained_tokens", batch)
         old = old_logp[:, :width] if old_logp is not None else logp.detach()
         if self.rollout_cfg.old_logp == "trainer" and bookkeeping:
             self._record_mismatch(old, batch)
-        settings = self.algorithm.loss_settings
-        ref_logp = None
-        if settings.needs_ref_logp:
-            with torch.no_grad():
-                ref_logp = self.logprobs(self.ref_policy, batch)
-            if bookkeeping:
-                self._count("no_grad_tokens", batch)
+        num_seqs = num_seqs if num_seqs is not None else float(len(batch))
+        num_tokens = num_tokens if num_tokens is not None else float(batch.response_mask.sum())
         inputs = LossInputs(
             logp, old, advantages, batch.response_mask,
             token_weights=token_weights[:, :width] if token_weights is not None else None,
-            num_seqs=num_seqs if num_seqs is not None else float(len(batch)),
-            num_tokens=num_tokens if num_tokens is not None else float(batch.response_mask.sum()),
-            ref_logp=ref_logp,
+            num_seqs=num_seqs, num_tokens=num_tokens,
         )
-        return self.loss_fn(inputs, settings)
+        loss, metrics = self.loss_fn(inputs, self.algorithm.loss_settings)
+        extra, more = regularizers(logp, batch.response_mask, reg,
+                                   ref_logp=ref_logp[:, :width] if ref_logp is not None else None,
+                                   entropy=entropy, num_seqs=num_seqs, num_tokens=num_tokens)
+        return loss + extra, {**metrics, **more}
 
     def logprobs(self, model: torch.nn.Module, batch: RolloutBatch) -> Tensor:
         """The trainer's response log-probs [B, Lr] (gradient as the caller's mode allows)."""
         return response_logprobs(model, batch, self.temperature, single_pass=self.uniform_forwards,
                                  chunk_tokens=self.logprob_chunk_tokens)
+
+    def ref_logprobs(self, batch: RolloutBatch) -> Optional[Tensor]:
+        """The reference's log-probs [B, Lr] of ``batch`` when a KL term needs them, else None."""
+        return self.logprobs_no_grad(self.ref_policy, batch) if self.regularizer.needs_ref_logp else None
 
     @torch.no_grad()
     def logprobs_no_grad(self, model: torch.nn.Module, batch: RolloutBatch) -> Tensor:

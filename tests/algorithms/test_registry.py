@@ -34,8 +34,11 @@ def test_every_loss_takes_the_same_inputs_and_settings():
         direct, _ = formula(logp, old, adv, mask, eps_low=0.2, eps_high=0.28)
         assert torch.equal(loss, direct)
     assert get_policy_loss("grpo") is POLICY_LOSSES.get("grpo")
-    # The KL needs the reference's log-probs: the settings say so, not the loss's name.
-    assert LossSettings(0.2, 0.2, beta_kl=0.1).needs_ref_logp and not settings.needs_ref_logp
+    # The KL needs the reference's log-probs, with any loss: its settings say so, not the loss's name.
+    from ibpo_lit.algorithms.regularizers import RegularizerSettings
+
+    assert RegularizerSettings(beta_kl=0.1).needs_ref_logp and not RegularizerSettings().needs_ref_logp
+    assert RegularizerSettings(entropy_coef=0.01).needs_every_row and not RegularizerSettings().needs_every_row
     assert "gspo" in POLICY_LOSSES and "ppo" not in POLICY_LOSSES
     assert ["unhashable"] not in POLICY_LOSSES
 
