@@ -25,6 +25,31 @@ from ibpo_lit.rollout.vllm_engine import VLLMConfig
 
 
 @dataclass
+class OverlongConfig:
+    """What to do with responses cut at ``rollout.sampling.max_new_tokens`` (DAPO, TRL, verl).
+
+    Args:
+        mask_truncated: Leave truncated responses (no EOS) out of the loss: advantage 0 and no
+            tokens in the loss's token counts (TRL's ``mask_truncated_completions``). Their
+            rewards still count in their group's mean and std, as in TRL.
+        soft_buffer: DAPO's soft overlong punishment (verl's ``overlong_buffer.len``): responses
+            longer than ``max_new_tokens - soft_buffer`` tokens lose up to ``soft_factor`` of
+            reward, linearly (``ibpo_lit/algorithms/overlong.py``). Unset = off.
+        soft_factor: The largest penalty (verl's ``overlong_buffer.penalty_factor``).
+    """
+
+    mask_truncated: bool = False
+    soft_buffer: Optional[int] = None
+    soft_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.soft_buffer is not None and self.soft_buffer < 1:
+            raise ValueError(f"algorithm.overlong.soft_buffer must be >= 1 or unset, got {self.soft_buffer}")
+        if self.soft_factor < 0:
+            raise ValueError(f"algorithm.overlong.soft_factor must be >= 0, got {self.soft_factor}")
+
+
+@dataclass
 class IBPOConfig:
     """IBPO (METHOD section 5), all of it: compare-and-correct rollouts, the full-rewrite
     filter, the shaping they earn and joint training. The rollouts are made by the
@@ -122,6 +147,8 @@ class AlgorithmConfig:
             that of KL(ref || pi); see ``ibpo_lit/algorithms/regularizers.py``.
         entropy_coef: Weight of an entropy bonus (verl's ``entropy_coeff``; 0 = off).
             ``train/entropy`` is logged either way.
+        overlong: Truncated and overlong responses: masked out of the loss, and/or DAPO's soft
+            length penalty (see ``OverlongConfig``). Both off by default.
         advantage_scale: ``group`` (divide by the group's std), ``batch`` (by the batch's
             std) or ``none`` (Dr.GRPO: no division).
         ibpo: IBPO's settings, all in one place (see ``IBPOConfig``): ``variant: none`` is
@@ -143,6 +170,7 @@ class AlgorithmConfig:
     advantage_scale: str = "group"
     ibpo: IBPOConfig = field(default_factory=IBPOConfig)
     ciw: Optional[CIWConfig] = None
+    overlong: OverlongConfig = field(default_factory=OverlongConfig)
 
     def __post_init__(self) -> None:
         POLICY_LOSSES.get(self.loss)  # raises, listing the valid names

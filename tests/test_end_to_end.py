@@ -152,10 +152,11 @@ def test_gradient_matches_an_independent_per_sequence_computation(tmp_path, monk
          "0.01", "--model.algorithm.eps_low", "0.2", "--model.algorithm.eps_high", "0.28"],
         ["--model.algorithm.beta_kl", "0.05", "--model.algorithm.kl_estimator", "k2", "--model.algorithm.entropy_coef",
          "0.01"],
+        ["--model.algorithm.overlong.mask_truncated", "true", "--model.algorithm.overlong.soft_buffer", "4"],
         ["--model.rollout.num_mini_batches", "2", "--model.rollout.old_logp", "trainer"],
         ["--model.rollout.old_logp", "rollout", "--model.algorithm.advantage_scale", "none"],
     ],
-    ids=["ibpo-mask", "ibpo-ratio", "dapo-kl", "gspo-kl-entropy", "two-mini-batches", "rollout-logp-drgrpo"],
+    ids=["ibpo-mask", "ibpo-ratio", "dapo-kl", "gspo-kl-entropy", "overlong", "two-mini-batches", "rollout-logp-drgrpo"],
 )
 def test_variants_train(tmp_path, overrides):
     cli = fit(tmp_path, *overrides, steps=2)
@@ -165,6 +166,8 @@ def test_variants_train(tmp_path, overrides):
     logged = scalars(tmp_path)
     assert all(torch.isfinite(torch.tensor(logged["train/loss"])))
     assert all(h > 0 for h in logged["train/entropy"])  # logged whatever the loss
+    if "--model.algorithm.overlong.soft_buffer" in overrides:  # the tiny model rarely stops: both act
+        assert min(logged["train/overlong_penalty"]) < 0 and max(logged["train/masked_truncated"]) > 0
     if "--model.algorithm.beta_kl" in overrides:
         assert logged["train/kl"][0] == pytest.approx(0.0, abs=1e-6)  # the first step's policy is the reference
 

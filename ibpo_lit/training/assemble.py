@@ -7,19 +7,24 @@ No forward pass happens here (CIW's token weights are the module's next call).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
 from ibpo_lit.algorithms.advantages import grouped_advantages
+from ibpo_lit.algorithms.overlong import soft_overlong_penalty
 from ibpo_lit.algorithms.shaping import shape_rewards
 from ibpo_lit.config import AlgorithmConfig
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.training.step_types import ScoredRollouts, UpdateBatch
 
 
-def assemble_update(step: ScoredRollouts, algo: AlgorithmConfig, pad_token_id: int) -> dict[str, float]:
-    """Shape, compute advantages and build ``step.update``; returns the step's reward metrics."""
+def assemble_update(step: ScoredRollouts, algo: AlgorithmConfig, pad_token_id: int,
+                    max_new_tokens: int | None = None) -> dict[str, float]:
+    """Shape, compute advantages and build ``step.update``; returns the step's reward metrics.
+
+    ``max_new_tokens``: the rollouts' length limit, which the soft overlong penalty counts from."""
     rollouts, rewards, corrections = step.rollouts, step.rewards, step.corrections
     metrics: dict[str, float] = {"train/reward": nanmean(rewards), "train/unscorable": float(rewards.isnan().sum())}
 
@@ -32,6 +37,15 @@ def assemble_update(step: ScoredRollouts, algo: AlgorithmConfig, pad_token_id: i
         )
         shaped, token_weights, delta = result.shaped_rewards, result.token_weights, result.delta
         metrics["train/shaped_frac"] = float((result.delta > 0).float().mean())
+    overlong = algo.overlong
+    if overlong.soft_buffer is not None:
+        if max_new_tokens is None:
+            raise ValueError("algorithm.overlong.soft_buffer needs the rollouts' max_new_tokens")
+        # After IBPO's shaping, which reads the verifier's 0/1 to pair wrong rollouts with right ones.
+        penalty = soft_overlong_penalty(rollouts.response_lengths.cpu(), max_new_tokens, overlong.soft_buffer,
+                                        overlong.soft_factor)
+        shaped = shaped + penalty
+        metrics["train/overlong_penalty"] = float(penalty.mean())
     metrics["train/shaped_reward"] = nanmean(shaped)
     if corrections is not None:
         metrics.update(corrections.metrics)
@@ -52,6 +66,11 @@ def assemble_update(step: ScoredRollouts, algo: AlgorithmConfig, pad_token_id: i
                 torch.ones(len(extra), width),
             ])
         metrics["train/correction_reward"] = nanmean(corrections.train_rewards)
+    if overlong.mask_truncated:
+        cut = ~batch.finished.cpu()
+        advantages = advantages.masked_fill(cut, 0.0)
+        batch = replace(batch, response_mask=batch.response_mask & ~cut[:, None].to(batch.response_mask.device))
+        metrics["train/masked_truncated"] = float(cut.sum())
     step.shaped_rewards, step.delta = shaped, delta
     step.update = UpdateBatch(batch=batch, advantages=advantages, token_weights=token_weights)
     return metrics

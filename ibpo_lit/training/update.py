@@ -135,6 +135,7 @@ class PolicyUpdate:
         # A row with zero advantage contributes exactly zero loss and gradient (without a KL or
         # entropy term): skip its forward pass, but keep it in the denominators above.
         active = rows if self.regularizer.needs_every_row else rows[advantages[rows] != 0]
+        active = active[batch.response_mask[active].any(dim=1)]  # no token in the loss (masked out): nothing to add
         lengths = batch.response_mask[active].sum(dim=1) + batch.prompt_mask[active].sum(dim=1)
         active = active[torch.argsort(lengths, stable=True)]  # similar lengths share a micro-batch: less padding
 
