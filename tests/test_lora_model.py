@@ -1,0 +1,67 @@
+"""The LoRA helpers (ibpo_lit/models/lora.py) on the tiny model: an untouched adapter computes the
+base model, the merged weights are peft's own merge (out of place), the reference is the base."""
+import copy
+
+import pytest
+import torch
+
+from ibpo_lit.models.lora import LoRAConfig, adapter_state, apply_lora, is_lora, merged_weights, reference_of
+from ibpo_lit.models.tiny import build_tiny_model
+
+pytest.importorskip("peft")
+
+
+def _ids():
+    return torch.tensor([[1, 5, 9, 13, 4, 7], [1, 3, 3, 8, 2, 6]])
+
+
+def _perturb_adapters(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+
+
+def test_a_fresh_adapter_is_the_base_and_only_adapters_train():
+    base = build_tiny_model(seed=0)
+    expected = base(_ids()).logits
+    model = apply_lora(copy.deepcopy(base), LoRAConfig(r=4, alpha=8))
+    assert is_lora(model) and not is_lora(base)
+    torch.testing.assert_close(model(_ids()).logits, expected)
+    trainable = adapter_state(model)
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    assert sum(p.numel() for n, p in model.named_parameters() if n in trainable) < 0.2 * sum(
+        p.numel() for p in base.parameters())
+
+
+def test_merged_weights_equal_peft_merge_and_leave_the_model_as_it_was():
+    model = apply_lora(build_tiny_model(seed=0), LoRAConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
+    _perturb_adapters(model)
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    merged = dict(merged_weights(model))
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]), n  # out of place
+    reference = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert set(merged) == set(reference)
+    for name, tensor in reference.items():
+        torch.testing.assert_close(merged[name], tensor, msg=name)
+    plain = build_tiny_model(seed=1)
+    plain.load_state_dict(merged)  # a plain model takes them as they are (the sync, export)
+    torch.testing.assert_close(plain(_ids()).logits, model(_ids()).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_the_reference_is_the_base_with_adapters_off():
+    base = build_tiny_model(seed=0)
+    model = apply_lora(copy.deepcopy(base), LoRAConfig(r=4, alpha=8))
+    _perturb_adapters(model)
+    assert not torch.allclose(model(_ids()).logits, base(_ids()).logits)
+    with reference_of(model) as ref:
+        torch.testing.assert_close(ref(_ids()).logits, base(_ids()).logits)
+    assert not torch.allclose(model(_ids()).logits, base(_ids()).logits)  # back on after the block
+
+
+def test_bad_settings():
+    for bad in ({"r": 0}, {"alpha": 0}, {"dropout": 1.0}):
+        with pytest.raises(ValueError, match="model.lora"):
+            LoRAConfig(**bad)
