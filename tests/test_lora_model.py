@@ -8,8 +8,6 @@ import torch
 from ibpo_lit.models.lora import LoRAConfig, adapter_state, apply_lora, is_lora, merged_weights, reference_of
 from ibpo_lit.models.tiny import build_tiny_model
 
-pytest.importorskip("peft")
-
 
 def _ids():
     return torch.tensor([[1, 5, 9, 13, 4, 7], [1, 3, 3, 8, 2, 6]])
