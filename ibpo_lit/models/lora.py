@@ -78,13 +78,21 @@ def _lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 @torch.no_grad()
 def merged_weights(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
-    """``(name, tensor)`` of the base model's checkpoint layout (``model.layers.0...``) with
-    every adapter folded in, one tensor at a time; the trained weights are not touched."""
+    """``(name, tensor)`` of every parameter and persistent buffer of the base model, under its
+    own names (``model.layers.0...``), with every adapter folded in, one tensor at a time; tied
+    weights once, as ``rollout.weights.iter_full_weights`` yields a plain model's. The trained
+    weights are not touched."""
     layers = _lora_layers(model)
     base = model.get_base_model()
-    for name, tensor in base.state_dict(keep_vars=False).items():
-        if ".lora_" in name:
+    persistent = set(base.state_dict(keep_vars=True))
+    named = [*base.named_parameters(remove_duplicate=False),
+             *((n, b) for n, b in base.named_buffers(remove_duplicate=False) if n in persistent)]
+    seen: set[int] = set()
+    for name, tensor in named:
+        if ".lora_" in name or id(tensor) in seen:
             continue
+        seen.add(id(tensor))
+        tensor = tensor.detach()
         owner, _, leaf = name.rpartition(".base_layer.")
         if owner and owner in layers and leaf == "weight":
             layer = layers[owner]

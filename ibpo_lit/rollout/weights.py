@@ -17,6 +17,9 @@ lazily, so a consumer that copies each tensor before asking for the next (vLLM's
   ``revert_weight_conversion`` (what ``save_pretrained`` uses), so the engine receives the
   names and shapes of the model's files.
 
+* LoRA (peft): the base model's tensors with every adapter folded in
+  (``ibpo_lit.models.lora.merged_weights``): the engine serves the merged model.
+
 Names are cleaned of wrappers' prefixes (``_checkpoint_wrapped_module.``, ``_orig_mod.``).
 Tied weights appear once, under the first name (a tied model's ``lm_head.weight`` is skipped, as
 in its checkpoint). Non-persistent buffers (rotary ``inv_freq``) are not weights.
@@ -63,9 +66,16 @@ def expected_tensor_names(model: torch.nn.Module) -> set[str]:
 def iter_full_weights(model: torch.nn.Module, manifest: SyncManifest | None = None) -> Iterator[tuple[str, Tensor]]:
     """``(checkpoint name, full tensor)`` for every parameter and persistent buffer of
     ``model``; fills ``manifest`` (if given) as it goes."""
+    from ibpo_lit.models.lora import is_lora, merged_weights
+
+    if is_lora(model):
+        tensors, model = merged_weights(model), model.get_base_model()
+    else:
+        tensors = _unique_tensors(model)
     if manifest is not None:
-        manifest.expected = expected_tensor_names(model)
-    for name, tensor in _unique_tensors(model):
+        manifest.expected = {clean_name(n) for n, _ in _unique_tensors(model) if ".lora_" not in n}
+        manifest.expected = {n.replace(".base_layer.", ".") for n in manifest.expected}
+    for name, tensor in tensors:
         name = clean_name(name)
         full = _full(tensor).detach()
         if manifest is not None:
