@@ -28,6 +28,7 @@ from ibpo_lit.config_checks import check_fit_settings, read_checkpoint_error
 from ibpo_lit.data.datamodule import PromptDataModule
 from ibpo_lit.errors import debug_enabled, format_user_error, is_user_error
 from ibpo_lit.module import IBPOModule
+from ibpo_lit.rewards.functions import data_task as _rewards_task
 from ibpo_lit.scale import strategy as _registers_fsdp2  # noqa: F401 - `trainer.strategy: fsdp2`
 from ibpo_lit.training.checkpoint_io import AtomicCheckpointIO
 
@@ -76,7 +77,7 @@ class IBPOCLI(LightningCLI):
         parser.link_arguments("model.model", "data.tokenizer")
         # The prompts' task is the verifier that scores them: one setting (`model.reward`), so a
         # code run cannot build math prompts (or the reverse) by forgetting a second line.
-        parser.link_arguments("model.reward", "data.task")
+        parser.link_arguments(("model.reward", "model.rewards"), "data.task", compute_fn=_rewards_task)
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI reads the checkpoint's hyperparameters here: a truncated or foreign file
@@ -112,6 +113,8 @@ Subcommands: fit (train), validate/test/predict (Lightning's), and
   fetch      download and convert a built-in model (python -m ibpo_lit fetch --help)
   evaluate   avg@k, pass@k, maj@k on a math or code benchmark, and the test-time
              correction and Best-of-N baselines (python -m ibpo_lit evaluate --help)
+  export     a checkpoint (one file or sharded) as a Hugging Face model folder
+             (python -m ibpo_lit export --help)
 """
 
 
@@ -122,12 +125,16 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultHelpFormatter)
 def main(args: list[str] | None = None, run: bool = True):
     """Parse ``args`` (default: the command line) and run the subcommand; ``run=False``
     parses a config without a subcommand and only instantiates (used to check configs).
-    Returns the LightningCLI, or the exit code of ``fetch``/``evaluate``."""
+    Returns the LightningCLI, or the exit code of ``fetch``/``export``/``evaluate``."""
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] == ["fetch"]:
         from ibpo_lit.models.fetch_cli import fetch_main
 
         return fetch_main(argv[1:])
+    if argv[:1] == ["export"]:
+        from ibpo_lit.models.export_cli import export_main
+
+        return export_main(argv[1:])
     if argv[:1] == ["evaluate"]:
         from ibpo_lit.evaluation.cli import evaluate_main
 

@@ -43,7 +43,7 @@ from ibpo_lit.models.loading import (
     load_sharded_policy,
     resolve_model_path,
 )
-from ibpo_lit.rewards import get_reward, scoring_pool
+from ibpo_lit.rewards import RewardSpec, WeightedRewards, resolve_specs, scoring_pool
 from ibpo_lit.rollout.engine import RolloutEngine
 from ibpo_lit.rollout.hf import HFRolloutEngine
 from ibpo_lit.scale.collectives import RankSync
@@ -77,14 +77,25 @@ class IBPOModule(L.LightningModule):
         algorithm: Loss, advantages and IBPO shaping.
         rollout: Sampling and how the rollout batch is split into updates.
         optim: Optimizer and learning-rate schedule.
-        reward: Verifier by name (``math``: math-verify against the gold answer; ``code``:
-            the gold's tests in the sandbox, docs/sandbox.md). Scored through
+        reward: The reward: a built-in verifier by name (``math``: math-verify against the gold
+            answer; ``code``: the gold's tests in the sandbox, docs/sandbox.md) or an import path
+            ``package.module:function`` called in batches as ``fn(prompts, completions,
+            **columns) -> list[float | None]`` (TRL's convention; docs/rewards.md). Unset:
+            ``math``, unless ``rewards`` is set (setting both is an error). Scored through
             ``ibpo_lit.rewards.scoring_pool``, the pool evaluation uses too.
-        reward_workers: Responses scored at once (worker processes; code: sandboxes).
-        reward_timeout_s: Hard time limit per scored response; a response that runs past it (or
-            whose verifier raises or returns None) is unscorable: NaN, ignored by the group
-            statistics, counted in ``train/unscorable``. Code is bounded by each program's own
-            limits instead (the tests' ``timeout_s``), and a program's timeout is its score 0.
+        rewards: Several rewards, ``[{name, weight}]`` (names as ``reward``): the reward is
+            their weighted sum, unscorable when any of non-zero weight is; each is logged as
+            ``reward/<name>`` (an import path's function name), ``train/reward`` is the sum.
+        reward_workers: Responses scored at once (worker processes per reward; code: sandboxes).
+        reward_timeout_s: Hard time limit per scored response (a batch of ``b`` responses gets
+            ``b`` times it); a response that runs past it (or whose reward raises, returns None
+            or a non-number, or whose batch came back with the wrong length) is unscorable: NaN,
+            ignored by the group statistics, counted in ``train/unscorable``. Code is bounded by
+            each program's own limits instead (the tests' ``timeout_s``), and a program's
+            timeout is its score 0.
+        reward_batch_size: Responses per call of an import-path reward. Unset: a scoring
+            call's responses split evenly over ``reward_workers`` (one call per worker).
+            Built-in rewards are called per response.
         val_samples: Responses sampled per validation prompt (``val/accuracy`` is their mean
             reward: avg@k), with the rollouts' decoding settings and fixed seeds.
         max_nonfinite_steps: Stop after this many consecutive steps whose loss or gradient
@@ -102,9 +113,11 @@ class IBPOModule(L.LightningModule):
         algorithm: AlgorithmConfig = AlgorithmConfig(),  # noqa: B008 - frozen in use, never mutated
         rollout: RolloutConfig = RolloutConfig(),  # noqa: B008
         optim: OptimConfig = OptimConfig(),  # noqa: B008
-        reward: str = "math",
+        reward: Optional[str] = None,
+        rewards: Optional[list[RewardSpec]] = None,
         reward_workers: int = 1,
         reward_timeout_s: float = 5.0,
+        reward_batch_size: Optional[int] = None,
         val_samples: int = 1,
         max_nonfinite_steps: int = 5,
         gradient_checkpointing: bool = False,
@@ -116,18 +129,23 @@ class IBPOModule(L.LightningModule):
         self.algorithm = algorithm
         self.rollout_cfg = rollout
         self.optim_cfg = optim
-        get_reward(reward)  # fails now, listing valid names, on a typo
+        # Loads every reward now: a typo (listing valid names) or an import error fails here.
+        self.reward_specs = resolve_specs(reward, rewards)
         if reward_workers < 1 or not reward_timeout_s > 0:
             raise ValueError(
                 f"reward_workers must be >= 1 and reward_timeout_s > 0, got {reward_workers}, {reward_timeout_s}"
             )
+        if reward_batch_size is not None and reward_batch_size < 1:
+            raise ValueError(f"reward_batch_size must be >= 1 or unset, got {reward_batch_size}")
         if val_samples < 1:
             raise ValueError(f"val_samples must be >= 1, got {val_samples}")
         self.val_samples = val_samples
-        self.reward_name = reward
+        self.reward_name = self.reward_specs[0].name if len(self.reward_specs) == 1 else None
         self.reward_workers = reward_workers
         self.reward_timeout_s = reward_timeout_s
-        self._reward_pool = None  # scoring_pool(reward): the sandbox for code, worker processes otherwise
+        self.reward_batch_size = reward_batch_size
+        # WeightedRewards: a scoring_pool per reward (the sandbox for code, worker processes otherwise)
+        self._reward_pool: Optional[WeightedRewards] = None
         self.max_nonfinite_steps = max_nonfinite_steps
         self.gradient_checkpointing = gradient_checkpointing
         if logprob_chunk_tokens is not None and logprob_chunk_tokens < 1:
@@ -269,6 +287,7 @@ class IBPOModule(L.LightningModule):
         rollouts, texts = self._generate(prompts)
         clock.mark("generate")
         rewards = self.score(texts, [prompts[g] for g in rollouts.group_index.tolist()])
+        reward_metrics = self._reward_metrics()  # each reward's mean, of these rollouts
         step = ScoredRollouts(prompts=prompts, rollouts=rollouts, texts=texts, rewards=rewards, step=self.rollout_step)
 
         # 3. callbacks that act between scoring and the loss (corrections)
@@ -276,7 +295,7 @@ class IBPOModule(L.LightningModule):
         clock.mark("correct")
 
         # 4. shaping and advantages, CIW's token weights; then callbacks that read the finished step
-        metrics = assemble_update(step, self.algorithm, self.tokenizer.pad_token_id)
+        metrics = assemble_update(step, self.algorithm, self.tokenizer.pad_token_id, self.rollout_cfg.sampling.max_new_tokens)
         metrics.update(self._ciw_weights(step))
         self._call_step_hooks("on_before_update", step)
         clock.mark("callbacks")
@@ -286,7 +305,7 @@ class IBPOModule(L.LightningModule):
         clock.mark("update")
 
         metrics.update(step_metrics(step, clock, self.step_stats))
-        self._log_metrics({**metrics, **self._run_counts()})
+        self._log_metrics({**metrics, **reward_metrics, **self._run_counts()})
         self.rollout_step += 1
 
     def _generate(self, prompts: list[Prompt]):
@@ -320,12 +339,26 @@ class IBPOModule(L.LightningModule):
                  sync_dist=True)
 
     def score(self, texts: list[str], prompts: list[Prompt]) -> Tensor:
-        """Verifier rewards, [len(texts)] float on the CPU; NaN where a text cannot be scored
-        (timed out, raised, or returned None)."""
+        """Rewards (the weighted sum of ``model.rewards``), [len(texts)] float on the CPU; NaN
+        where a text cannot be scored (timed out, raised, returned None or a bad value). A
+        reward function gets each prompt's problem text and its record's fields as columns."""
         if self._reward_pool is None:
-            self._reward_pool = scoring_pool(self.reward_name, self.reward_workers, self.reward_timeout_s)
-        values = self._reward_pool.score([(text, prompt.gold) for text, prompt in zip(texts, prompts)])
+            self._reward_pool = WeightedRewards(self.reward_specs, lambda name: scoring_pool(
+                name, self.reward_workers, self.reward_timeout_s, batch_size=self.reward_batch_size))
+        values = self._reward_pool.score([(text, prompt.gold) for text, prompt in zip(texts, prompts)],
+                                         [prompt.problem for prompt in prompts],
+                                         [getattr(prompt, "columns", None) or {} for prompt in prompts])
         return torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
+
+    def _reward_metrics(self) -> dict[str, float]:
+        """``reward/<name>``: each reward's mean over the responses it could score (NaN: none),
+        of the last `score` call."""
+        parts = self._reward_pool.last_parts if self._reward_pool is not None else {}
+        out = {}
+        for label, values in parts.items():
+            scored = [v for v in values if v is not None]
+            out[f"reward/{label}"] = sum(scored) / len(scored) if scored else math.nan
+        return out
 
     def teardown(self, stage: str) -> None:
         if self._reward_pool is not None:

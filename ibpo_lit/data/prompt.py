@@ -12,6 +12,9 @@ class Prompt:
     task: str = "math"  # which verifier scores it
     uid: str = ""  # stable id: "<file>:<line>" or "arithmetic:<index>"
     meta: dict = field(default_factory=dict)
+    # The record's other fields (e.g. ``answer``, ``level``), as read: what a reward function
+    # receives as keyword arguments (TRL's convention, `ibpo_lit.rewards`).
+    columns: dict = field(default_factory=dict)
 
 
 def collate_prompts(items: list[Prompt]) -> list[Prompt]:

@@ -1,4 +1,7 @@
-"""Verifiers: strings in, scores out. A reward is found by name with `get_reward`.
+"""Verifiers: strings in, scores out. A built-in reward is found by name with `get_reward`; any
+reward, built-in or ``package.module:function``, is loaded in the batch form every pool calls
+(``fn(prompts, completions, **columns) -> list[float | None]``, TRL's convention) with
+`load_reward` (`ibpo_lit.rewards.functions`, docs/rewards.md).
 
 ``REWARDS`` (a `Registry`, as the losses are) maps a name to an in-process function
 ``fn(completion, gold) -> float | None`` with no time limit; ``@REWARDS.register("name")`` adds one (``"math"`` is `math_score_inprocess`). To score with a hard timeout, run a reward
@@ -8,7 +11,8 @@ by name in a `RewardPool` (worker processes, killed past the timeout); `math_sco
 ``"code"`` is `code_reward`: the gold is `CodeTests.to_gold()` and the program runs in a sandbox
 with its own time limit (`ibpo_lit.rewards.code`); `run_tests` and `code_score` run tests given
 directly, and `SandboxPool` runs several programs at once and counts their statuses.
-`scoring_pool(reward, ...)` is the pool training and evaluation both score a reward with.
+`scoring_pool(reward, ...)` is the pool training and evaluation both score a reward with;
+`WeightedRewards` sums several (``model.rewards``).
 
 Keep this package light (no torch, no Lightning): pool workers import it.
 """
@@ -25,6 +29,13 @@ from ibpo_lit.rewards.code import (
     run_code_tests,
     run_tests,
 )
+from ibpo_lit.rewards.functions import (
+    RewardImportError,
+    RewardOutputError,
+    RewardSpec,
+    load_reward,
+    resolve_specs,
+)
 from ibpo_lit.rewards.math import (
     RewardFn,
     extract_gsm8k_gold,
@@ -35,7 +46,7 @@ from ibpo_lit.rewards.math import (
 from ibpo_lit.rewards.pool import RewardPool
 from ibpo_lit.rewards.sandbox.isolation import SandboxUnavailable
 from ibpo_lit.rewards.sandbox.pool import SandboxPool
-from ibpo_lit.rewards.scoring import scoring_pool
+from ibpo_lit.rewards.scoring import WeightedRewards, scoring_pool
 
 # Every entry: fn(completion, gold) -> float | None, in-process, no time limit (pools add one).
 REWARDS = Registry("reward")
@@ -57,19 +68,25 @@ __all__ = [
     "CodeResult",
     "CodeTests",
     "RewardFn",
+    "RewardImportError",
+    "RewardOutputError",
     "RewardPool",
+    "RewardSpec",
     "SandboxError",
     "SandboxPool",
     "SandboxUnavailable",
+    "WeightedRewards",
     "scoring_pool",
     "code_reward",
     "code_score",
     "extract_code",
     "extract_gsm8k_gold",
     "get_reward",
+    "load_reward",
     "math_score",
     "math_score_inprocess",
     "math_scores",
+    "resolve_specs",
     "run_code_tests",
     "run_tests",
 ]

@@ -1,4 +1,4 @@
-"""Score (completion, gold) pairs in worker processes, with a hard per-item timeout.
+"""Score responses in worker processes, in batches, with a hard timeout.
 
 math-verify can hang on adversarial LaTeX (sympy), and its SIGALRM timeouts only work in the main
 thread and cannot interrupt a long C-level call. So scoring runs in persistent worker processes,
@@ -6,16 +6,27 @@ and an item that runs past its deadline is ended the only sure way: its worker i
 (SIGKILL) and a fresh one is started.
 
 What is covered:
-- `RewardPool(reward, num_workers, timeout_s)`: ``pool.score(pairs)`` sends one pair at a time to
-  each idle worker and waits on all of them with `multiprocessing.connection.wait`; a slow item
-  holds up only its own worker, for at most ``timeout_s``. A timed-out item, an item whose reward
-  raised (or whose worker died), and an item the reward returned None for all score None.
-  ``pool.stats`` counts them (``ok``, ``timeout``, ``error``, ``none``) for logging.
+- `RewardPool(reward, num_workers, timeout_s, batch_size=None)`: ``pool.score(pairs, prompts,
+  columns)`` cuts the responses into batches and sends one batch at a time to each idle worker,
+  which calls the reward once per batch in the one calling contract of
+  `ibpo_lit.rewards.functions` (``fn(prompts, completions, **columns)``); the parent waits on all
+  workers with `multiprocessing.connection.wait`. A built-in reward (a name) gets batches of one
+  response, so a slow item holds up only its own worker, for at most ``timeout_s``; an import-path
+  reward gets ``batch_size`` responses per call (default: the call's responses split evenly over
+  the workers), and its batch's deadline is ``timeout_s`` times its size.
+- Unscorable (None), never a silent 0: every response of a batch that timed out, whose function
+  raised, returned the wrong number of values or not a list, or whose worker died; a single
+  response the function returned None/NaN or a non-number for. ``pool.stats`` counts them
+  (``ok``, ``timeout``, ``error``, ``none``) for logging. Each kind of failure is logged once per
+  pool at WARNING, one line naming the reward and the cause (no traceback), later ones at DEBUG;
+  every timeout is a WARNING (a worker is killed).
 - Workers are fresh interpreters (``python -c``, fork + exec like multiprocessing's "spawn", so
   nothing of the trainer's threads or torch state is inherited). Unlike "spawn" they do not
   re-import the parent's ``__main__`` script, so a worker imports only `ibpo_lit.rewards` (and
   math-verify / sympy), plus the modules named in ``import_modules`` (where extra rewards are
-  registered). The worker looks the reward up by name in `ibpo_lit.rewards.REWARDS`.
+  registered). The worker loads the reward with `ibpo_lit.rewards.functions.load_reward` (a name
+  in `ibpo_lit.rewards.REWARDS`, or an import path: the user's module is imported in the worker,
+  and once in the parent first, so an import error fails at once with its cause).
 - Parent death, best effort: an idle worker exits when its pipe reaches EOF; on Linux each worker
   also asks the kernel for SIGKILL when its parent dies (``prctl(PR_SET_PDEATHSIG)`` via ctypes),
   which also covers a worker stuck in C code. That signal follows the *thread* that started the
@@ -23,7 +34,7 @@ What is covered:
 - Ctrl-C: workers ignore SIGINT; the parent handles it and closes the pool.
 
 What is not covered:
-- Retries: a timed-out or failed item is None, never re-scored.
+- Retries: a timed-out or failed item is None, never re-scored; a batch fails as a whole.
 - Start-up time: a (re)started worker imports math-verify (about 1 s) before it takes work, so
   after a timeout with one worker the next item waits for the new worker; items are not charged
   for that wait (an item's clock starts when it is sent).
@@ -35,6 +46,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -46,6 +58,16 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
+from typing import Sequence
+
+from ibpo_lit.rewards.functions import (
+    RewardOutputError,
+    check_values,
+    is_import_path,
+    load_reward,
+    reward_columns,
+    stack_columns,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +95,8 @@ class _Worker:
     proc: subprocess.Popen
     conn: Connection
     state: str = "starting"  # starting -> idle <-> busy
-    item: int = -1  # index of the pair in flight (state "busy")
-    deadline: float = 0.0  # monotonic; start-up deadline or the item's deadline
+    items: list = field(default_factory=list)  # indices of the batch in flight (state "busy")
+    deadline: float = 0.0  # monotonic; start-up deadline or the batch's deadline
     pid: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -82,17 +104,22 @@ class _Worker:
 
 
 class RewardPool:
-    """Persistent worker processes that score (completion, gold) pairs with a hard timeout.
+    """Persistent worker processes that score responses in batches with a hard timeout.
 
     Args:
-        reward: Name of the reward in `ibpo_lit.rewards.REWARDS` (looked up in each worker).
-        num_workers: Worker processes; items are scored in parallel across them.
-        timeout_s: Hard per-item limit in seconds; past it the worker is killed and replaced.
+        reward: A name in `ibpo_lit.rewards.REWARDS` or an import path ``package.module:function``
+            (loaded in each worker, and once in the parent to fail early).
+        num_workers: Worker processes; batches are scored in parallel across them.
+        timeout_s: Hard limit in seconds per response; a batch of ``b`` responses gets
+            ``b * timeout_s``, past which its worker is killed and replaced.
         import_modules: Modules each worker (and the parent, to check the name) imports first,
             for rewards registered outside `ibpo_lit.rewards` (e.g. the tests' ``misbehaving_rewards``).
+        batch_size: Responses per call of an import-path reward (None: a call's responses split
+            evenly over the workers, one call each). Built-in rewards are called per response.
 
     Raises:
-        ValueError: a bad argument, or an unknown reward name (listing the valid names).
+        ValueError: a bad argument, an unknown reward name (listing the valid names), or an
+            import path that does not load (`RewardImportError`, naming the cause).
     """
 
     def __init__(
@@ -101,21 +128,22 @@ class RewardPool:
         num_workers: int = 1,
         timeout_s: float = 5.0,
         import_modules: list[str] | None = None,
+        batch_size: int | None = None,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        from ibpo_lit.rewards import (
-            get_reward,  # here: ibpo_lit.rewards imports this module
-        )
-
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or unset, got {batch_size}")
         self.import_modules = list(import_modules or [])
         for name in self.import_modules:
             importlib.import_module(name)
-        get_reward(reward)  # fail here, in the parent, on a typo
+        load_reward(reward)  # fail here, in the parent, on a typo or an import error
 
         self.reward, self.num_workers, self.timeout_s = reward, num_workers, timeout_s
+        self.batch_size = batch_size if is_import_path(reward) else 1
+        self._warned: set[str] = set()  # kinds of failure already logged at WARNING
         self.stats: dict[str, int] = {"ok": 0, "timeout": 0, "error": 0, "none": 0}
         self.restarts = 0  # workers replaced after a timeout or a death
         self._lost_starts = 0  # workers killed by a signal before "ready", in a row
@@ -138,21 +166,32 @@ class RewardPool:
         """Items scored None so far, by cause (``timeout``, ``error``, ``none``)."""
         return {k: self.stats[k] for k in ("timeout", "error", "none")}
 
-    def score(self, pairs: list[tuple[str, str]]) -> list[float | None]:
-        """Score each (completion, gold) pair; None where it timed out, raised or was None.
+    def score(self, pairs: Sequence[tuple[str, str]], prompts: Sequence[str] | None = None,
+              columns: Sequence[dict] | None = None) -> list[float | None]:
+        """Score each (completion, gold) pair; None where it could not be scored (see above).
 
-        Results are in the order of ``pairs``. Thread-safe (calls are serialized).
+        ``prompts`` (the problem texts, default "") and ``columns`` (each response's record
+        fields, default none) are what an import-path reward receives besides the completions;
+        ``gold`` and ``answer`` are added to the columns (`reward_columns`). Results are in the
+        order of ``pairs``. Thread-safe (calls are serialized).
 
         Raises:
             RuntimeError: the pool is closed, is used from a forked child, or a worker failed to
                 start (bad ``import_modules``, a broken environment).
         """
+        n = len(pairs)
+        prompts = [""] * n if prompts is None else list(prompts)
+        columns = [{}] * n if columns is None else list(columns)
+        if not len(prompts) == len(columns) == n:
+            raise ValueError(f"{n} pairs but {len(prompts)} prompts and {len(columns)} column rows")
+        items = [(p, c, reward_columns(cols, g)) for (c, g), p, cols in zip(pairs, prompts, columns)]
         with self._lock:
             self._check_usable()
-            results: list[float | None] = [None] * len(pairs)
-            todo = deque(range(len(pairs)))
+            results: list[float | None] = [None] * n
+            size = self.batch_size or max(1, math.ceil(n / self.num_workers))
+            todo = deque(list(range(start, min(start + size, n))) for start in range(0, n, size))
             while todo or any(w.state == "busy" for w in self._workers):
-                self._dispatch(todo, pairs)
+                self._dispatch(todo, items)
                 self._wait_and_collect(results)
             return results
 
@@ -235,21 +274,24 @@ class RewardPool:
         self.restarts += 1
         self._workers[self._workers.index(w)] = self._start_worker()
 
-    def _dispatch(self, todo: deque, pairs: list[tuple[str, str]]) -> None:
+    def _dispatch(self, todo: deque, items: list[tuple[str, str, dict]]) -> None:
         for w in list(self._workers):
             if not todo:
                 return
             if w.state != "idle":
                 continue
-            i = todo[0]
+            batch = todo[0]
+            prompts = [items[i][0] for i in batch]
+            completions = [items[i][1] for i in batch]
             try:
-                w.conn.send((i, pairs[i][0], pairs[i][1]))
-            except OSError:  # the worker died while idle: replace it, the item waits
+                w.conn.send((batch[0], prompts, completions, stack_columns([items[i][2] for i in batch])))
+            except OSError:  # the worker died while idle: replace it, the batch waits
                 logger.warning("reward worker %d died while idle; restarting it", w.pid)
                 self._replace(w)
                 continue
             todo.popleft()
-            w.state, w.item, w.deadline = "busy", i, time.monotonic() + self.timeout_s
+            w.state, w.items = "busy", batch
+            w.deadline = time.monotonic() + self.timeout_s * len(batch)
 
     def _wait_and_collect(self, results: list[float | None]) -> None:
         waiting = [w for w in self._workers if w.state in ("busy", "starting")]
@@ -265,11 +307,12 @@ class RewardPool:
                 if w.state == "starting":
                     self._fail_start(w, f"not ready after {STARTUP_TIMEOUT_S:.0f} s")
                 logger.warning(
-                    "reward %r timed out after %.1f s on item %d; killing worker %d",
-                    self.reward, self.timeout_s, w.item, w.pid,
+                    "reward %r timed out after %.1f s on %d response(s) (items %d..%d; %.1f s per "
+                    "response); they are unscorable; killing worker %d",
+                    self.reward, self.timeout_s * len(w.items), len(w.items), w.items[0], w.items[-1],
+                    self.timeout_s, w.pid,
                 )
-                self.stats["timeout"] += 1
-                results[w.item] = None
+                self.stats["timeout"] += len(w.items)
                 self._replace(w)
 
     def _receive(self, w: _Worker, results: list[float | None]) -> None:
@@ -284,9 +327,7 @@ class RewardPool:
                 logger.warning("reward worker %d was killed (signal %d) while starting; restarting it", w.pid, -code)
                 self._replace(w)
                 return
-            logger.warning("reward worker %d died on item %d; restarting it", w.pid, w.item)
-            self.stats["error"] += 1
-            results[w.item] = None
+            self._failed("died", f"lost its worker {w.pid}, which died while scoring", w.items)
             self._replace(w)
             return
         kind = msg[0]
@@ -296,17 +337,36 @@ class RewardPool:
         elif kind == "fatal":  # start-up failed in the worker: a configuration error
             self._fail_start(w, msg[1])
         else:
-            _, i, value = msg
-            assert w.state == "busy" and i == w.item, f"worker {w.pid}: reply for {i}, expected {w.item}"
-            if kind == "error":
-                logger.debug("reward %r raised on item %d: %s", self.reward, i, value)
-                self.stats["error"] += 1
-            elif value is None:
-                self.stats["none"] += 1
+            first = msg[1]
+            assert w.state == "busy" and first == w.items[0], f"worker {w.pid}: reply for {first}, expected {w.items[0]}"
+            if kind == "error":  # the call failed as a whole: (kind of failure, message)
+                self._failed(msg[2], msg[3], w.items)
             else:
-                self.stats["ok"] += 1
-                results[i] = value
-            w.state = "idle"
+                values, errors = msg[2], msg[3]
+                for j, (i, value) in enumerate(zip(w.items, values)):
+                    if j in errors:
+                        self.stats["error"] += 1
+                    elif value is None:
+                        self.stats["none"] += 1
+                    else:
+                        self.stats["ok"] += 1
+                        results[i] = value
+                if errors:
+                    j, why = next(iter(errors.items()))
+                    self._warn_once("bad value", f"{why} (response {w.items[j]}; {len(errors)} such in this batch)")
+            w.state, w.items = "idle", []
+
+    def _failed(self, kind: str, why: str, items: list[int]) -> None:
+        """A whole batch is unscorable: counted as errors, logged."""
+        self.stats["error"] += len(items)
+        self._warn_once(kind, f"{why}, on a batch of {len(items)} response(s)")
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        """One line per kind of failure at WARNING, the same kind again at DEBUG."""
+        level = logging.DEBUG if kind in self._warned else logging.WARNING
+        self._warned.add(kind)
+        logger.log(level, "reward %r %s: unscorable (NaN), counted in train/reward_errors%s", self.reward, message,
+                   "" if level == logging.DEBUG else "; more failures like this one are logged at DEBUG")
 
     def _fail_start(self, w: _Worker, why: str) -> None:
         w.conn.close()
@@ -332,16 +392,21 @@ def _set_parent_death_signal(parent_pid: int) -> None:
         os._exit(0)
 
 
+def _short(e: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line, at most ``limit`` characters (no traceback)."""
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _worker_main(conn: Connection, init: dict) -> None:
-    """A worker's loop: recv (i, completion, gold), reply ("ok"|"error", i, value); exit on EOF."""
+    """A worker's loop: recv (first, prompts, completions, columns), call the reward once,
+    reply ("ok", first, values, {j: error}) or ("error", first, kind, message); exit on EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _set_parent_death_signal(init["parent_pid"])
     try:
         for name in init["import_modules"]:
             importlib.import_module(name)
-        from ibpo_lit.rewards import get_reward
-
-        fn = get_reward(init["reward"])
+        fn = load_reward(init["reward"])
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises
         reply = ("fatal", f"{type(e).__name__}: {e}")
     else:
@@ -351,11 +416,15 @@ def _worker_main(conn: Connection, init: dict) -> None:
             conn.send(reply)
             if reply[0] == "fatal":
                 return
-            i, completion, gold = conn.recv()
+            first, prompts, completions, columns = conn.recv()
             try:
-                value = fn(completion, gold)
-                reply = ("ok", i, None if value is None else float(value))
-            except Exception as e:  # noqa: BLE001 - an unscorable item, not a dead worker
-                reply = ("error", i, f"{type(e).__name__}: {e}")
+                values = fn(prompts, completions, **columns)
+            except Exception as e:  # noqa: BLE001 - an unscorable batch, not a dead worker
+                reply = ("error", first, f"raised {type(e).__name__}", f"raised {type(e).__name__}: {_short(e)}")
+                continue
+            try:
+                reply = ("ok", first, *check_values(values, len(completions)))
+            except RewardOutputError as e:
+                reply = ("error", first, "bad output", str(e))
     except (EOFError, OSError):  # the parent closed the pool or died
         return

@@ -1,24 +1,97 @@
-"""The pool that scores a reward, the same one in training and in evaluation.
+"""The pools that score rewards, the same ones in training and in evaluation, and their sum.
 
 ``code`` runs in a `SandboxPool`: every program is bounded by its own limits (its tests'
 ``timeout_s`` and ``memory_mb``, the judge's watchdog) and killed with its sandbox, so a worker
 process around it would only add a process and a second, competing timeout. Every other reward
-runs in a `RewardPool`: worker processes, each item killed past ``timeout_s``.
+(a name, or an import path ``package.module:function``) runs in a `RewardPool`: worker
+processes that call it in batches, killed past the timeout.
 
-Both answer ``score(pairs) -> list[float | None]`` (None: unscorable), ``unscorable`` (counts
-by cause: ``timeout``, ``error``, ``none``) and ``close()``.
+Both answer ``score(pairs, prompts=None, columns=None) -> list[float | None]`` (None:
+unscorable; the sandbox needs only the (completion, gold) pairs), ``unscorable`` (counts by
+cause: ``timeout``, ``error``, ``none``) and ``close()``.
+
+`WeightedRewards` scores several rewards, each in its own pool, one after the other, and sums
+them with their weights (`ibpo_lit.rewards.functions.combine`: a response unscorable in any
+reward of non-zero weight is unscorable).
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
+from ibpo_lit.rewards.functions import RewardSpec, combine, reward_label
 from ibpo_lit.rewards.pool import RewardPool
 from ibpo_lit.rewards.sandbox.pool import SandboxPool
 
 
+class CodeSandboxPool(SandboxPool):
+    """The sandbox pool with the scoring pools' signature (the code reward reads only the gold)."""
+
+    def score(self, pairs, prompts=None, columns=None) -> list[float | None]:
+        return super().score(pairs)
+
+
 def scoring_pool(reward: str, num_workers: int = 1, timeout_s: float = 5.0,
-                 import_modules: Optional[list[str]] = None) -> Union[RewardPool, SandboxPool]:
-    """A pool for ``reward`` (``timeout_s`` and ``import_modules`` apply to `RewardPool` only)."""
+                 import_modules: Optional[list[str]] = None,
+                 batch_size: Optional[int] = None) -> Union[RewardPool, SandboxPool]:
+    """A pool for ``reward`` (``timeout_s``, ``import_modules`` and ``batch_size`` apply to
+    `RewardPool` only)."""
     if reward == "code":
-        return SandboxPool(num_workers=num_workers)
-    return RewardPool(reward, num_workers=num_workers, timeout_s=timeout_s, import_modules=import_modules)
+        return CodeSandboxPool(num_workers=num_workers)
+    return RewardPool(reward, num_workers=num_workers, timeout_s=timeout_s, import_modules=import_modules,
+                      batch_size=batch_size)
+
+
+class WeightedRewards:
+    """Several rewards, each scored in its own pool (``make_pool(name)``), summed with weights.
+
+    ``last_parts`` holds each reward's values of the last `score` call by label (``reward/<label>``
+    in the logs); ``stats`` and ``unscorable`` add up the pools' counts (a response unscorable in
+    two rewards counts twice there, once in ``train/unscorable``).
+    """
+
+    def __init__(self, specs: Sequence[RewardSpec], make_pool: Callable[[str], Union[RewardPool, SandboxPool]]):
+        self.specs = list(specs)
+        self.labels = [reward_label(s.name) for s in self.specs]
+        self.pools: list[Union[RewardPool, SandboxPool]] = []
+        self.last_parts: dict[str, list[Optional[float]]] = {}
+        try:
+            for spec in self.specs:
+                self.pools.append(make_pool(spec.name))
+        except BaseException:
+            self.close()
+            raise
+
+    def score(self, pairs: Sequence[tuple[str, str]], prompts: Optional[Sequence[str]] = None,
+              columns: Optional[Sequence[dict]] = None) -> list[Optional[float]]:
+        """The weighted sum of the rewards of each (completion, gold) pair; None: unscorable."""
+        parts = [pool.score(pairs, prompts, columns) for pool in self.pools]
+        self.last_parts = dict(zip(self.labels, parts))
+        return combine(parts, [s.weight for s in self.specs])
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """The pools' counts added up by key."""
+        out: dict[str, int] = {}
+        for pool in self.pools:
+            for key, value in pool.stats.items():
+                out[key] = out.get(key, 0) + value
+        return out
+
+    @property
+    def unscorable(self) -> dict[str, int]:
+        out = {"timeout": 0, "error": 0, "none": 0}
+        for pool in self.pools:
+            for key, value in pool.unscorable.items():
+                out[key] = out.get(key, 0) + value
+        return out
+
+    def close(self) -> None:
+        for pool in self.pools:
+            pool.close()
+        self.pools = []
+
+    def __enter__(self) -> WeightedRewards:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
