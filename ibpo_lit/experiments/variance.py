@@ -1,0 +1,125 @@
+"""The policy-gradient estimator's spread at fixed weights (``scripts/variance_at_fixed_policy.py``).
+
+Each method draws M independent rollout batches (different seeds) for the same P prompts at the
+same weights; a batch's gradient on a parameter subset is the sum of its prompts' parts,
+``g_m = sum_p g_{m,p}`` (each part computed with the whole batch's loss denominators, so the
+sum is the batch gradient exactly). From the [M, P, D] parts:
+
+- ``trace_cov``: the trace of the gradient's covariance across batches (unbiased, over M), the
+  estimator's total variance;
+- ``cosine_to_mean``: each batch gradient's cosine to the mean of the OTHER batches (leave one
+  out, so a batch is not compared with itself): a signal-to-noise measure that does not depend
+  on the gradient's scale;
+- ``bootstrap_trace``: a 95% percentile interval of the trace over seeds and prompts at once.
+  The trace is ``sum_p v_p`` plus cross-prompt covariances, where ``v_p`` is prompt p's own
+  trace across batches; the cross terms are 0 in expectation when each prompt's rollouts have
+  their own seeds and their advantages are normalised within the prompt's group (the
+  ``group`` scale), so the interval resamples batches and prompts and sums the drawn prompts'
+  ``v_p``. (Summing drawn parts instead would count a prompt drawn twice with 4x its variance
+  and double the trace on average.) ``bootstrap_cosine`` resamples batches only (the cosine is
+  not a sum over prompts).
+
+For i.i.d. rows the trace falls as 1/rows; ``per_row`` and ``per_flop`` scale it by the batch's
+rows or FLOPs so that methods are compared at equal rows or equal compute (variance x cost:
+lower is a better estimator for the cost).
+"""
+from __future__ import annotations
+
+import math
+import torch
+from torch import Tensor
+
+
+def trace_cov(grads: Tensor) -> float:
+    """Trace of the covariance of ``grads`` [M, D] across its M rows (unbiased; M >= 2)."""
+    if grads.shape[0] < 2:
+        raise ValueError(f"need at least 2 batches, got {grads.shape[0]}")
+    g = grads.double()
+    return float(((g - g.mean(dim=0)) ** 2).sum() / (g.shape[0] - 1))
+
+
+def cosine_to_mean(grads: Tensor) -> Tensor:
+    """[M] cosine of each batch gradient to the mean of the other batches (leave one out)."""
+    g = grads.double()
+    m = g.shape[0]
+    others = (g.sum(dim=0, keepdim=True) - g) / (m - 1)
+    return torch.nn.functional.cosine_similarity(g, others, dim=1)
+
+
+def batch_gradients(parts: Tensor) -> Tensor:
+    """[M, D] batch gradients from per-prompt parts [M, P, D]."""
+    return parts.sum(dim=1)
+
+
+def prompt_traces(parts: Tensor) -> Tensor:
+    """[P] each prompt's own trace of covariance across the M batches (unbiased)."""
+    g = parts.double()
+    return ((g - g.mean(dim=0, keepdim=True)) ** 2).sum(dim=(0, 2)) / (g.shape[0] - 1)
+
+
+def _percentiles(values: list[float], confidence: float) -> tuple[float, float]:
+    values = sorted(values)
+    tail = (1 - confidence) / 2
+    return values[int(math.floor(tail * (len(values) - 1)))], values[int(math.ceil((1 - tail) * (len(values) - 1)))]
+
+
+def _resampled_rows(m: int, generator: torch.Generator) -> Tensor:
+    while True:  # a resample of one distinct batch has no spread to measure
+        rows = torch.randint(m, (m,), generator=generator)
+        if len(set(rows.tolist())) > 1:
+            return rows
+
+
+def bootstrap_trace(parts: Tensor, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of the trace, batches and prompts resampled (see the module docstring)."""
+    m, p = parts.shape[:2]
+    generator = torch.Generator().manual_seed(seed)
+    values = []
+    for _ in range(n_resamples):
+        rows = _resampled_rows(m, generator)
+        prompts = torch.randint(p, (p,), generator=generator)
+        values.append(float(prompt_traces(parts[rows])[prompts].sum()))
+    return _percentiles(values, confidence)
+
+
+def bootstrap_cosine(parts: Tensor, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of the mean leave-one-out cosine, batches resampled. A drawn batch is
+    compared with the drawn batches that are not copies of itself (a copy in "the others" would
+    make it look like the mean)."""
+    m = parts.shape[0]
+    grads = batch_gradients(parts).double()
+    generator = torch.Generator().manual_seed(seed)
+    values = []
+    for _ in range(n_resamples):
+        rows = _resampled_rows(m, generator)
+        same = rows[:, None] == rows[None, :]  # [M, M] copies of one batch
+        others = ((~same).double() @ grads[rows]) / (~same).sum(dim=1, keepdim=True).double()
+        values.append(float(torch.nn.functional.cosine_similarity(grads[rows], others, dim=1).mean()))
+    return _percentiles(values, confidence)
+
+
+def summarize(parts: Tensor, rows_per_batch: float, flops_per_batch: float, n_resamples: int = 1000,
+              seed: int = 0) -> dict:
+    """The method's numbers: trace, cosine, and the trace at equal rows and equal compute, with CIs."""
+    grads = batch_gradients(parts)
+    trace = trace_cov(grads)
+    cos = cosine_to_mean(grads)
+    trace_ci = bootstrap_trace(parts, n_resamples, seed)
+    cos_ci = bootstrap_cosine(parts, n_resamples, seed)
+    return {
+        "batches": int(parts.shape[0]),
+        "prompts": int(parts.shape[1]),
+        "dims": int(parts.shape[2]),
+        "rows_per_batch": rows_per_batch,
+        "flops_per_batch": flops_per_batch,
+        "trace_cov": trace,
+        "trace_cov_ci": list(trace_ci),
+        "cosine_to_mean": float(cos.mean()),
+        "cosine_to_mean_ci": list(cos_ci),
+        "mean_grad_sq_norm": float((grads.double().mean(dim=0) ** 2).sum()),
+        # Variance x cost: what the same variance costs (lower: more signal per row / per FLOP).
+        "trace_cov_x_rows": trace * rows_per_batch,
+        "trace_cov_x_rows_ci": [v * rows_per_batch for v in trace_ci],
+        "trace_cov_x_flops": trace * flops_per_batch,
+        "trace_cov_x_flops_ci": [v * flops_per_batch for v in trace_ci],
+    }

@@ -1,0 +1,254 @@
+"""The policy-gradient estimator's variance at fixed weights, per method (issue 21).
+
+    python scripts/variance_at_fixed_policy.py --config configs/smollm2_135m_cpu.yaml \\
+        --problems ../shared/data/gsm8k_train.jsonl --num_prompts 4 --batches 16 \\
+        --methods gspo gspo_large_group ibpo_plain ibpo_ratio ibpo_mask gspo_ciw \\
+        [--ckpt_path runs/x/checkpoints/last.ckpt] --out results/variance/untrained.json
+
+For each method (an arm of ``ibpo_lit.experiments.arms``: GSPO at the small group G, GSPO at 4G,
+IBPO plain/ratio/mask at G, GSPO + CIW at G) it runs the real training step on the same
+``num_prompts`` problems ``batches`` times with different rollout seeds, at fixed weights (the
+optimizer never steps), and records each prompt's part of the policy gradient on a parameter
+subset (``--param_filter``): rollouts, verifier, corrections, shaping, advantages and CIW are
+exactly what ``fit`` runs. ``ibpo_lit.experiments.variance`` turns the parts into the trace of the
+gradient's covariance across batches, each batch's cosine to the other batches' mean, both at
+equal rows and equal compute (estimated FLOPs of generation, corrections and one update), with
+95% bootstrap intervals over seeds and prompts.
+
+The weights are the config's model (untrained) or a checkpoint's policy (``--ckpt_path``). The
+rollouts are sampled with the HF engine whatever the config says (the policy itself; no engine
+to keep in sync).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from typing import Optional
+
+import torch
+import yaml
+from lightning.pytorch.callbacks import Callback
+
+from ibpo_lit.algorithms.diagnostics import estimate_flops
+from ibpo_lit.experiments.arms import ARMS, ArmSettings
+from ibpo_lit.experiments.variance import summarize
+
+DEFAULT_METHODS = ["gspo", "gspo_large_group", "ibpo_plain", "ibpo_ratio", "ibpo_mask", "gspo_ciw"]
+# Callbacks that log, stop or measure on their own; the measurement needs none of them.
+DROPPED_CALLBACKS = ("ComputeBudgetStopper", "GradientVarianceLogger", "RolloutSamples", "VLLMWeightSync")
+
+
+class GradientParts(Callback):
+    """At each step, after shaping and advantages, each prompt's part of the policy gradient on
+    the chosen parameters (the batch's own loss denominators, so the parts sum to the batch's
+    gradient), and the step's compute."""
+
+    def __init__(self, param_filter: str, ckpt_path: Optional[str] = None) -> None:
+        self.pattern = re.compile(param_filter)
+        self.ckpt_path = ckpt_path
+        self.parts: list[dict[str, torch.Tensor]] = []  # per batch: prompt uid -> [D]
+        self.rows: list[int] = []
+        self.flops: list[float] = []
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if self.ckpt_path is not None:
+            from ibpo_lit.evaluation.checkpoint import load_checkpoint_weights
+
+            load_checkpoint_weights(pl_module.policy, self.ckpt_path)
+
+    def on_before_update(self, trainer, pl_module, step) -> None:
+        update, updater = step.update, pl_module.updater
+        params = [p for name, p in pl_module.policy.named_parameters() if p.requires_grad and self.pattern.search(name)]
+        if not params:
+            raise ValueError(f"no trainable parameter matches --param_filter {self.pattern.pattern!r}")
+        device = pl_module.device
+        batch, advantages = update.batch.to(device), update.advantages.to(device)
+        weights = update.token_weights.to(device) if update.token_weights is not None else None
+        num_seqs, num_tokens = float(len(batch)), float(batch.response_mask.sum())
+        # Rollout rows answer prompt group_index; correction rows are grouped by their prompt too
+        # (algorithm.ibpo.grouping: prompt, the default), numbered after the rollouts'.
+        n_rollouts = len(step.rollouts)
+        prompt_of = batch.group_index.clone()
+        parts = {}
+        for p, prompt in enumerate(step.prompts):
+            rows = torch.nonzero((prompt_of == p) & (advantages != 0)).flatten()
+            grad = torch.zeros(sum(x.numel() for x in params), dtype=torch.float32)
+            if len(rows):
+                with torch.enable_grad():
+                    loss, _ = updater.policy_loss(batch.select(rows), advantages[rows],
+                                                  weights[rows] if weights is not None else None, None,
+                                                  num_seqs=num_seqs, num_tokens=num_tokens, bookkeeping=False,
+                                                  ref_logp=updater.ref_logprobs(batch.select(rows)))
+                    grads = torch.autograd.grad(loss, params, allow_unused=True)
+                grad = torch.cat([(g if g is not None else torch.zeros_like(x)).float().reshape(-1).cpu()
+                                  for g, x in zip(grads, params)])
+            parts[prompt.uid] = grad
+        self.parts.append(parts)
+        self.rows.append(len(batch))
+        corrections = step.corrections
+        lengths = batch.prompt_mask.sum(dim=1) + batch.response_mask.sum(dim=1)
+        self.flops.append(estimate_flops(
+            sum(x.numel() for x in pl_module.policy.parameters()),
+            prompt_tokens=int(step.rollouts.prompt_mask.sum()) + (corrections.prompt_tokens if corrections else 0),
+            generated_tokens=int(step.rollouts.response_mask[:n_rollouts].sum())
+            + (corrections.generated_tokens if corrections else 0),
+            trained_tokens=int(lengths.sum()),
+        )["total"])
+
+
+def method_config(base: dict, method: str, group: int, problems: str, num_prompts: int, batches: int,
+                  root: str) -> dict:
+    """``base`` turned into ``method``'s arm, measuring ``batches`` steps of ``num_prompts`` prompts."""
+    cfg = ARMS[method](copy.deepcopy(base), ArmSettings(small_group=group))
+    trainer = cfg.setdefault("trainer", {})
+    trainer.update({"default_root_dir": root, "logger": False, "enable_progress_bar": False,
+                    "max_epochs": 1, "max_steps": -1, "limit_train_batches": batches,
+                    "limit_val_batches": 0, "num_sanity_val_steps": 0})
+    trainer["callbacks"] = [cb for cb in trainer.get("callbacks", [])
+                            if not any(cb.get("class_path", "").endswith(name) for name in DROPPED_CALLBACKS)]
+    cfg["checkpoint"] = {"save_last": False, "save_top_k": 0}
+    model = cfg.setdefault("model", {})
+    model.setdefault("optim", {})["total_steps"] = 1  # the schedule needs a length; nothing steps
+    model.setdefault("rollout", {})["backend"] = "hf"
+    model["rollout"]["num_mini_batches"] = 1
+    data = cfg.setdefault("data", {})
+    for key in ("code_format", "code_split", "code_val_split", "val_path"):
+        data.pop(key, None)
+    data.update({"source": "jsonl", "train_path": problems, "prompts_per_step": num_prompts, "val_size": 0})
+    return cfg
+
+
+def measure(base: dict, method: str, args, root: str) -> dict:
+    """One method's gradient parts at fixed weights, summarised."""
+    from ibpo_lit.__main__ import main
+
+    os.makedirs(root, exist_ok=True)
+    cfg = method_config(base, method, args.group_size, args.problems_file, args.num_prompts, args.batches, root)
+    path = os.path.join(root, f"{method}.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg, f)
+    argv, sys.argv = sys.argv, sys.argv[:1]
+    try:
+        cli = main(["--config", path], run=False)
+    finally:
+        sys.argv = argv
+    collector = GradientParts(args.param_filter, args.ckpt_path)
+    cli.trainer.callbacks.append(collector)
+    cli.model.updater.run = lambda *a, **k: {}  # fixed weights: the optimizer never steps
+    start = time.perf_counter()
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    seconds = time.perf_counter() - start
+    uids = sorted(collector.parts[0])
+    if any(sorted(p) != uids for p in collector.parts):
+        raise RuntimeError("the batches did not all hold the same prompts")
+    parts = torch.stack([torch.stack([batch[u] for u in uids]) for batch in collector.parts])  # [M, P, D]
+    out = summarize(parts, sum(collector.rows) / len(collector.rows), sum(collector.flops) / len(collector.flops),
+                    n_resamples=args.n_resamples, seed=args.seed)
+    out.update({"method": method, "seconds_per_batch": seconds / len(collector.parts),
+                "group_size": cli.model.rollout_cfg.group_size})
+    return out
+
+
+def write_problems(path: str, num_prompts: int, offset: int, repeat: bool) -> str:
+    """The first ``num_prompts`` records of ``path`` from ``offset`` (or the record at ``offset``
+    ``num_prompts`` times: identical prompts, i.i.d. groups) into a file of their own."""
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    chosen = [lines[offset]] * num_prompts if repeat else lines[offset: offset + num_prompts]
+    if len(chosen) < num_prompts:
+        raise ValueError(f"{path} has fewer than {offset + num_prompts} records")
+    fd, out = tempfile.mkstemp(prefix="ibpo_variance_", suffix=".jsonl")
+    with os.fdopen(fd, "w") as f:
+        f.writelines(line if line.endswith("\n") else line + "\n" for line in chosen)
+    return out
+
+
+def comparison(results: dict[str, dict], baseline: str) -> dict[str, dict]:
+    """Each method against ``baseline``: trace ratios at equal batches, equal rows, equal FLOPs."""
+    if baseline not in results:
+        return {}
+    ref = results[baseline]
+    return {m: {"trace_ratio": r["trace_cov"] / ref["trace_cov"],
+                "trace_ratio_equal_rows": r["trace_cov_x_rows"] / ref["trace_cov_x_rows"],
+                "trace_ratio_equal_flops": r["trace_cov_x_flops"] / ref["trace_cov_x_flops"],
+                "cosine_minus_baseline": r["cosine_to_mean"] - ref["cosine_to_mean"]}
+            for m, r in results.items() if ref["trace_cov"] > 0}
+
+
+def markdown(results: dict[str, dict], ratios: dict[str, dict]) -> str:
+    head = ("| method | G | rows | trace Cov [95% CI] | vs baseline (batch / equal rows / equal FLOPs) "
+            "| cosine to mean [95% CI] | s/batch |")
+    lines = [head, "|" + " --- |" * 7]
+    for m, r in results.items():
+        q = ratios.get(m, {})
+        vs = " / ".join(f"{q[k]:.2f}" for k in ("trace_ratio", "trace_ratio_equal_rows", "trace_ratio_equal_flops")) if q else "-"
+        lines.append(f"| {m} | {r['group_size']} | {r['rows_per_batch']:.0f} | {r['trace_cov']:.3g} "
+                     f"[{r['trace_cov_ci'][0]:.3g}, {r['trace_cov_ci'][1]:.3g}] | {vs} | {r['cosine_to_mean']:.3f} "
+                     f"[{r['cosine_to_mean_ci'][0]:.3f}, {r['cosine_to_mean_ci'][1]:.3f}] | {r['seconds_per_batch']:.1f} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Optional[list[str]] = None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="base fit config (model, decoding, IBPO settings)")
+    parser.add_argument("--problems", required=True, help="JSONL problems in the config's data fields")
+    parser.add_argument("--num_prompts", type=int, default=4)
+    parser.add_argument("--offset", type=int, default=0, help="first record of --problems used")
+    parser.add_argument("--repeat_one", action="store_true",
+                        help="use the record at --offset num_prompts times (identical prompts: i.i.d. groups)")
+    parser.add_argument("--batches", type=int, default=16, help="M: independent rollout batches per method")
+    parser.add_argument("--group_size", type=int, default=8, help="G of the small-group methods (GSPO large: 4G)")
+    parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=sorted(ARMS))
+    parser.add_argument("--baseline", default="gspo", help="the method the others are compared with")
+    parser.add_argument("--param_filter", default=r"layers\.0\.self_attn\.(q|v)_proj",
+                        help="regex of the parameters whose gradient is measured")
+    parser.add_argument("--ckpt_path", default=None, help="a checkpoint whose policy weights are measured")
+    parser.add_argument("--n_resamples", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    parser.add_argument("--out", default=None, help="write the results JSON here")
+    parser.add_argument("--overrides", nargs="*", default=[],
+                        help="dotted config keys set on the base, e.g. model.rollout.sampling.max_new_tokens=64")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> dict:
+    args = parse_args(argv)
+    if args.batches < 2:
+        raise SystemExit("--batches must be >= 2 (a covariance needs two batches)")
+    with open(args.config) as f:
+        base = yaml.safe_load(f)
+    for item in args.overrides:
+        key, _, value = item.partition("=")
+        node = base
+        *parents, leaf = key.split(".")
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = yaml.safe_load(value)
+    args.problems_file = write_problems(args.problems, args.num_prompts, args.offset, args.repeat_one)
+    results = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="ibpo_variance_runs_") as root:
+            for method in args.methods:
+                results[method] = measure(base, method, args, os.path.join(root, method))
+    finally:
+        os.unlink(args.problems_file)
+    ratios = comparison(results, args.baseline)
+    report = {"command": " ".join(["python", "scripts/variance_at_fixed_policy.py", *(argv or sys.argv[1:])]),
+              "settings": {k: v for k, v in vars(args).items() if k != "problems_file"},
+              "results": results, "vs_baseline": ratios}
+    print(markdown(results, ratios))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""The fixed-policy variance statistics (ibpo_lit/experiments/variance.py) where the answer is known."""
+import pytest
+import torch
+
+from ibpo_lit.experiments.variance import (
+    batch_gradients,
+    bootstrap_trace,
+    cosine_to_mean,
+    prompt_traces,
+    summarize,
+    trace_cov,
+)
+
+
+def _iid_parts(batches, prompts, dims=6, seed=0):
+    # Every prompt's part is 1/P of an i.i.d. draw (a mean over prompts): Cov = Sigma / P.
+    g = torch.Generator().manual_seed(seed)
+    mu = torch.linspace(-1, 1, dims, dtype=torch.float64)
+    scale = torch.linspace(0.5, 2.0, dims, dtype=torch.float64)  # Sigma = diag(scale^2), trace 8.75
+    x = mu + scale * torch.randn(batches, prompts, dims, generator=g, dtype=torch.float64)
+    return x / prompts, float((scale ** 2).sum())
+
+
+def test_trace_falls_as_one_over_rows_for_iid_rows():
+    small, trace_sigma = _iid_parts(4000, 4)
+    large, _ = _iid_parts(4000, 16, seed=1)
+    assert trace_cov(batch_gradients(small)) == pytest.approx(trace_sigma / 4, rel=0.05)
+    assert trace_cov(batch_gradients(large)) == pytest.approx(trace_sigma / 16, rel=0.05)
+    # at equal rows the two estimators are the same estimator
+    s = summarize(small[:400], rows_per_batch=4, flops_per_batch=1.0, n_resamples=200)
+    l_ = summarize(large[:400], rows_per_batch=16, flops_per_batch=1.0, n_resamples=200)
+    assert s["trace_cov_x_rows"] == pytest.approx(l_["trace_cov_x_rows"], rel=0.2)
+    assert s["trace_cov_ci"][0] < trace_sigma / 4 < s["trace_cov_ci"][1]
+
+
+def test_cosine_is_to_the_other_batches_mean():
+    grads = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    # batch 0 against the mean of batches 1 and 2: (0.5, 1) -> cos = 0.5 / (1 * sqrt(1.25))
+    assert cosine_to_mean(grads)[0].item() == pytest.approx(0.5 / 1.25 ** 0.5)
+    assert trace_cov(torch.ones(5, 3)) == 0.0
+    with pytest.raises(ValueError, match="at least 2"):
+        trace_cov(torch.ones(1, 3))
+
+
+def test_bootstrap_resamples_prompts_as_well_as_seeds():
+    parts, trace_sigma = _iid_parts(60, 8)
+    # independent prompts: the batch trace is the sum of the prompts' own traces
+    assert float(prompt_traces(parts).sum()) == pytest.approx(trace_cov(batch_gradients(parts)), rel=0.25)
+    lo, hi = bootstrap_trace(parts, n_resamples=300, seed=0)
+    assert lo < trace_sigma / 8 < hi
+    # one prompt carries all the spread: resampling prompts must widen the interval
+    spread = parts.clone()
+    spread[:, 1:] = spread[:, 1:].mean(dim=0, keepdim=True)
+    lo2, hi2 = bootstrap_trace(spread, n_resamples=300, seed=0)
+    assert lo2 == pytest.approx(0.0, abs=1e-12)  # resamples without prompt 0 have no spread at all
+    assert hi2 > lo2
+
+
+def test_the_cosine_interval_holds_the_estimate():
+    from ibpo_lit.experiments.variance import bootstrap_cosine
+
+    parts, _ = _iid_parts(20, 4, seed=3)
+    point = float(cosine_to_mean(batch_gradients(parts)).mean())
+    lo, hi = bootstrap_cosine(parts, n_resamples=400, seed=0)
+    assert lo < point < hi
