@@ -18,6 +18,7 @@ What is covered:
 - ``--ckpt_path`` a path that does not exist, or a folder that is not a sharded checkpoint.
 - ``trainer.strategy`` Lightning's ``FSDPStrategy`` (FSDP1, which cannot run the module's manual
   backward passes) or DeepSpeed: use ``ibpo_lit.scale.FSDP2Strategy``.
+- ``model.lora`` under ``FSDP2Strategy`` (not supported yet).
 - ``model.rollout.vllm.tensor_parallel_size`` that does not divide the processes of the run
   (``trainer.devices x trainer.num_nodes``): each vLLM engine spans consecutive ranks.
 - ``data.max_prompt_tokens + model.rollout.sampling.max_new_tokens`` longer than the model's
@@ -122,6 +123,13 @@ def strategy_supported(strategy: Any) -> Optional[str]:
     return None
 
 
+def lora_fits(lora: Any, strategy: Any) -> Optional[str]:
+    if lora is None or type(strategy).__name__ != "FSDP2Strategy":
+        return None
+    return ("model.lora with ibpo_lit.scale.FSDP2Strategy is not supported (the adapters' merge for the engine "
+            "and the adapter-only checkpoint assume whole weights): use ddp, or full fine-tuning under FSDP2")
+
+
 def tensor_parallel_fits(backend: str, tensor_parallel_size: int, processes: int) -> Optional[str]:
     if backend != "vllm" or processes % tensor_parallel_size == 0:
         return None
@@ -178,6 +186,7 @@ def check_fit_settings(model: Any, datamodule: Any, trainer: Any, ckpt_path: Opt
         schedule_has_length(trainer.max_steps, model.optim_cfg.total_steps),
         checkpoint_readable(ckpt_path),
         strategy_supported(getattr(trainer, "strategy", None)),
+        lora_fits(getattr(model, "lora", None), getattr(trainer, "strategy", None)),
     ]
     rollout = model.rollout_cfg
     processes = _processes(trainer)

@@ -35,6 +35,7 @@ from torch import Tensor
 from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
 from ibpo_lit.config_checks import check_fit_settings
 from ibpo_lit.data.prompt import Prompt
+from ibpo_lit.models.lora import LoRAConfig, adapter_state, apply_lora
 from ibpo_lit.models.loading import (
     BUILTIN_MODELS,
     build_builtin_model,
@@ -101,6 +102,10 @@ class IBPOModule(L.LightningModule):
         max_nonfinite_steps: Stop after this many consecutive steps whose loss or gradient
             norm is not finite (each one is skipped and counted).
         gradient_checkpointing: Recompute activations in the backward pass to save memory.
+        lora: Train low-rank adapters instead of every weight (``peft``; TRL's ``peft_config``,
+            verl's ``lora_rank``): only the adapters are trained, stepped and checkpointed; the
+            KL reference is the base with the adapters off; the vLLM sync sends the merged
+            weights. Unset = full fine-tuning. Not with FSDP2.
         logprob_chunk_tokens: The trainer's forward applies the LM head to at most this many
             positions at a time (full-vocabulary logits of long rows never exist at once; see
             ``ibpo_lit.training.logprobs``). Unset = one piece.
@@ -122,6 +127,7 @@ class IBPOModule(L.LightningModule):
         max_nonfinite_steps: int = 5,
         gradient_checkpointing: bool = False,
         logprob_chunk_tokens: Optional[int] = 4096,
+        lora: Optional[LoRAConfig] = None,
     ) -> None:
         super().__init__()
         self.model_name = model
@@ -151,6 +157,9 @@ class IBPOModule(L.LightningModule):
         if logprob_chunk_tokens is not None and logprob_chunk_tokens < 1:
             raise ValueError(f"logprob_chunk_tokens must be >= 1 or unset, got {logprob_chunk_tokens}")
         self.logprob_chunk_tokens = logprob_chunk_tokens
+        self.lora = lora
+        # A LoRA checkpoint holds the adapters only; the base comes from `model` at load time.
+        self.strict_loading = lora is None
         self.updater = PolicyUpdate(algorithm, rollout, optim, max_nonfinite_steps, logprob_chunk_tokens)
         self.save_hyperparameters()
         self.automatic_optimization = False
@@ -179,10 +188,13 @@ class IBPOModule(L.LightningModule):
         trainer = self._trainer
         self._plan = sharding_plan(trainer.strategy) if trainer is not None else None
         self.policy, self.tokenizer = self._load_policy()
+        if self.lora is not None:
+            self.policy = apply_lora(self.policy, self.lora)
         self.policy.train()  # from_pretrained returns eval mode; dropout is off either way (load_policy)
         if self.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if self.algorithm.beta_kl > 0:
+        if self.algorithm.beta_kl > 0 and self.lora is None:
+            # (With LoRA the reference is the base, adapters off: `PolicyUpdate.ref_logprobs`.)
             # Frozen copy of the initial policy; dropout is already off (see load_policy). A
             # sharded policy cannot be deep-copied: the reference is loaded and sharded the same way.
             if self._plan is not None:
@@ -429,6 +441,11 @@ class IBPOModule(L.LightningModule):
             self.log(key, float(value), on_step=True, prog_bar=key in bar, batch_size=1)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.lora is not None:  # the frozen base is `model` itself: keep the adapters only
+            keep = {f"policy.{name}" for name in adapter_state(self.policy)}
+            state = checkpoint["state_dict"]
+            for key in [k for k in state if k.startswith("policy.") and k not in keep]:
+                del state[key]
         checkpoint["ibpo_lit"] = {
             "rollout_step": self.rollout_step,
             "nonfinite_total": self.updater.nonfinite_total,
@@ -440,6 +457,9 @@ class IBPOModule(L.LightningModule):
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if self.lora is not None and not any(".lora_" in key for key in checkpoint.get("state_dict", {})):
+            raise ValueError("model.lora is set but the checkpoint holds no LoRA adapter weights: it was trained "
+                             "without model.lora (resume it without model.lora)")
         state = checkpoint.get("ibpo_lit", {})
         self.rollout_step = state.get("rollout_step", 0)
         self.updater.nonfinite_total = state.get("nonfinite_total", 0)

@@ -25,6 +25,7 @@ from torch import Tensor
 from ibpo_lit.algorithms.registry import POLICY_LOSSES, LossInputs
 from ibpo_lit.algorithms.regularizers import regularizers
 from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
+from ibpo_lit.models.lora import is_lora, reference_of
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.scale.collectives import SINGLE_PROCESS, RankSync
 from ibpo_lit.scale.fsdp2 import is_sharded
@@ -241,8 +242,14 @@ class PolicyUpdate:
                                  chunk_tokens=self.logprob_chunk_tokens)
 
     def ref_logprobs(self, batch: RolloutBatch) -> Optional[Tensor]:
-        """The reference's log-probs [B, Lr] of ``batch`` when a KL term needs them, else None."""
-        return self.logprobs_no_grad(self.ref_policy, batch) if self.regularizer.needs_ref_logp else None
+        """The reference's log-probs [B, Lr] of ``batch`` when a KL term needs them, else None.
+        A LoRA policy's reference is its base, adapters off (no copy of the model)."""
+        if not self.regularizer.needs_ref_logp:
+            return None
+        if self.ref_policy is None and is_lora(self.policy):
+            with reference_of(self.policy) as base:
+                return self.logprobs_no_grad(base, batch)
+        return self.logprobs_no_grad(self.ref_policy, batch)
 
     @torch.no_grad()
     def logprobs_no_grad(self, model: torch.nn.Module, batch: RolloutBatch) -> Tensor:
