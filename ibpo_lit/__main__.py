@@ -62,7 +62,8 @@ def _turn_off_empty_validation(trainer, datamodule) -> None:
     is empty): ``limit_val_batches = 0``, Lightning's own switch for "no validation". Otherwise fit
     asks for the data module's ``val_dataloader()``, gets ``[]`` and warns "Total length of `list`
     across ranks is zero". A ``val_path`` that yields no prompts still warns: that one is news."""
-    if isinstance(datamodule, PromptDataModule) and datamodule.val_path is None and datamodule.val_size == 0:
+    if (isinstance(datamodule, PromptDataModule) and datamodule.val_path is None and datamodule.val_size == 0
+            and not datamodule.val_benchmarks):
         trainer.limit_val_batches = 0
 
 

@@ -35,6 +35,7 @@ from torch import Tensor
 from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
 from ibpo_lit.config_checks import check_fit_settings
 from ibpo_lit.data.prompt import Prompt
+from ibpo_lit.data.val_benchmarks import VAL_SET_KEY
 from ibpo_lit.models.lora import LoRAConfig, adapter_state, apply_lora
 from ibpo_lit.models.loading import (
     BUILTIN_MODELS,
@@ -56,7 +57,7 @@ from ibpo_lit.training.ciw_scorer import CIWScorer
 from ibpo_lit.training.corrections import CorrectionContext
 from ibpo_lit.training.optimizer import build_optimizer
 from ibpo_lit.training.rng_state import capture_rng_state, restore_rng_state
-from ibpo_lit.training.seeding import MAIN_ROLLOUTS, VALIDATION, rollout_seeds
+from ibpo_lit.training.seeding import BENCHMARK_VALIDATION, MAIN_ROLLOUTS, VALIDATION, rollout_seeds
 from ibpo_lit.training.step_metrics import StepClock, step_metrics
 from ibpo_lit.training.step_types import ScoredRollouts
 from ibpo_lit.training.update import PolicyUpdate, UpdateRuntime
@@ -152,6 +153,7 @@ class IBPOModule(L.LightningModule):
         self.reward_batch_size = reward_batch_size
         # WeightedRewards: a scoring_pool per reward (the sandbox for code, worker processes otherwise)
         self._reward_pool: Optional[WeightedRewards] = None
+        self._val_pools: dict = {}  # data.val_benchmarks: a scoring pool per benchmark task
         self.max_nonfinite_steps = max_nonfinite_steps
         self.gradient_checkpointing = gradient_checkpointing
         if logprob_chunk_tokens is not None and logprob_chunk_tokens < 1:
@@ -336,19 +338,42 @@ class IBPOModule(L.LightningModule):
             restore_rng_state(self._pending_rng_state)
             self._pending_rng_state = None
 
-    def validation_step(self, prompts: list[Prompt], batch_idx: int) -> None:
-        """avg@k on held-out prompts: the same seeds at every validation, so two checkpoints
-        differ only by their weights."""
+    def validation_step(self, prompts: list[Prompt], batch_idx: int, dataloader_idx: int = 0) -> None:
+        """avg@k on held-out prompts (``val/accuracy``, the training reward) or on an evaluation
+        benchmark (``data.val_benchmarks``: ``val/<name>/avg@k`` and ``pass@k``, scored by the
+        benchmark's verifier). The same seeds at every validation, so two checkpoints differ
+        only by their weights."""
         k = self.val_samples
-        seeds = rollout_seeds(self.rollout_cfg.seed, batch_idx, VALIDATION, len(prompts) * k, rank=self.global_rank)
+        val_set = prompts[0].meta.get(VAL_SET_KEY) if prompts else None
+        step, stream = (batch_idx, VALIDATION) if val_set is None else (batch_idx + 10_000 * dataloader_idx,
+                                                                          BENCHMARK_VALIDATION)
+        seeds = rollout_seeds(self.rollout_cfg.seed, step, stream, len(prompts) * k, rank=self.global_rank)
         rollouts = self.engine.generate([p.prompt_ids for p in prompts], n=k, seeds=seeds)
         texts = self.tokenizer.batch_decode(rollouts.response_lists(), skip_special_tokens=True)
-        rewards = self.score(texts, [prompts[g] for g in rollouts.group_index.tolist()])
+        rows = [prompts[g] for g in rollouts.group_index.tolist()]
+        if val_set is not None:
+            self._log_benchmark(val_set, texts, rows, k)
+            return
+        rewards = self.score(texts, rows)
         scored = rewards.nan_to_num(0.0)  # an unscorable response counts as wrong here
         n = len(rewards)
-        self.log("val/accuracy", scored.mean(), on_epoch=True, batch_size=n, prog_bar=True, sync_dist=True)
+        self.log("val/accuracy", scored.mean(), on_epoch=True, batch_size=n, prog_bar=True, sync_dist=True,
+                 add_dataloader_idx=False)
         self.log("val/response_len", rollouts.response_lengths.float().mean(), on_epoch=True, batch_size=n,
-                 sync_dist=True)
+                 sync_dist=True, add_dataloader_idx=False)
+
+    def _log_benchmark(self, name: str, texts: list[str], rows: list[Prompt], k: int) -> None:
+        """``val/<name>/avg@k`` and ``val/<name>/pass@k`` (with k samples, pass@k is whether any
+        is correct), by the benchmark's own verifier, whatever the training reward."""
+        task = rows[0].task
+        if task not in self._val_pools:
+            self._val_pools[task] = scoring_pool(task, self.reward_workers, self.reward_timeout_s)
+        values = self._val_pools[task].score([(text, p.gold) for text, p in zip(texts, rows)])
+        correct = torch.tensor([v is not None and v > 0.5 for v in values]).view(-1, k)  # unscorable: wrong
+        self.log(f"val/{name}/avg@{k}", correct.float().mean(), on_epoch=True, batch_size=correct.numel(),
+                 sync_dist=True, add_dataloader_idx=False)
+        self.log(f"val/{name}/pass@{k}", correct.any(dim=1).float().mean(), on_epoch=True, batch_size=len(correct),
+                 sync_dist=True, add_dataloader_idx=False)
 
     def score(self, texts: list[str], prompts: list[Prompt]) -> Tensor:
         """Rewards (the weighted sum of ``model.rewards``), [len(texts)] float on the CPU; NaN
@@ -376,6 +401,9 @@ class IBPOModule(L.LightningModule):
         if self._reward_pool is not None:
             self._reward_pool.close()
             self._reward_pool = None
+        for pool in self._val_pools.values():
+            pool.close()
+        self._val_pools = {}
         close = getattr(self.engine, "close", None)
         if callable(close):  # while the process groups it uses exist; rebuilt if used again
             close()

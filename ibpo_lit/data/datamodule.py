@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader
 from ibpo_lit.data.arithmetic import ArithmeticConfig, arithmetic_problem
 from ibpo_lit.data.prompt import Prompt, collate_prompts
 from ibpo_lit.data.prompt_builder import LONG_PROMPT_POLICIES, PromptBuilder
+from ibpo_lit.data.val_benchmarks import ValBenchmark, benchmark_prompts, check_unique_names
 from ibpo_lit.data.records import (
     ANSWER_FORMATS,
     BAD_RECORD_POLICIES,
@@ -96,6 +97,11 @@ class PromptDataModule(L.LightningDataModule):
             of it).
         val_path: JSONL file of validation problems (same fields as the training file).
         val_batch_size: Validation prompts per batch.
+        val_benchmarks: Evaluation benchmarks validated on while training, each a validation
+            set of its own logged as ``val/<name>/avg@k`` and ``val/<name>/pass@k`` (k =
+            ``model.val_samples``) and scored by its own verifier: e.g. ``[{name: aime25, path:
+            aime2025.jsonl}, {name: math500, path: math500.jsonl, limit: 200}]`` while training
+            on GSM8K (`ibpo_lit.data.val_benchmarks.ValBenchmark`).
     """
 
     def __init__(
@@ -119,6 +125,7 @@ class PromptDataModule(L.LightningDataModule):
         val_size: int = 0,
         val_path: str | None = None,
         val_batch_size: int = 8,
+        val_benchmarks: list[ValBenchmark] | None = None,
         code_format: str | None = None,
         code_split: str | None = None,
         code_val_split: str | None = None,
@@ -181,6 +188,8 @@ class PromptDataModule(L.LightningDataModule):
         self.val_size = val_size
         self.val_path = val_path
         self.val_batch_size = val_batch_size
+        self.val_benchmarks = list(val_benchmarks or [])
+        check_unique_names(self.val_benchmarks)
 
         self.tokenizer_obj: Any = None  # set before setup() to skip loading (tests, notebooks)
         self.skipped_record_errors: list[BadRecordError] = []
@@ -273,10 +282,13 @@ class PromptDataModule(L.LightningDataModule):
         return prompts
 
     def val_dataloader(self) -> DataLoader | list:
-        prompts = self.val_prompts()
-        if not prompts:
-            return []
-        return DataLoader(prompts, batch_size=self.val_batch_size, collate_fn=collate_prompts, shuffle=False)
+        """The held-out prompts (if any), then one loader per ``val_benchmarks`` entry."""
+        sets = [self.val_prompts()] + [benchmark_prompts(spec, self._builder) for spec in self.val_benchmarks]
+        loaders = [DataLoader(prompts, batch_size=self.val_batch_size, collate_fn=collate_prompts, shuffle=False)
+                   for prompts in sets if prompts]
+        if len(loaders) <= 1:
+            return loaders[0] if loaders else []
+        return loaders
 
     # ---- counters and resume ------------------------------------------------------------------
     @property

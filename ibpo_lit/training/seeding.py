@@ -7,6 +7,7 @@ MAIN_ROLLOUTS = 0
 CORRECTIONS = 1
 REFERENCE_CHOICE = 2
 VALIDATION = 3  # with step = batch index: every validation run samples with the same seeds
+BENCHMARK_VALIDATION = 4  # data.val_benchmarks; step = batch index + 10_000 x dataloader index
 
 _MOD = 2**62
 
