@@ -92,7 +92,9 @@ class CorrectionPrompt:
             if prompt.meta.get("system_prompt"):
                 messages.append({"role": "system", "content": prompt.meta["system_prompt"]})
             messages.append({"role": "user", "content": text})
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            # The training prompt's template options (Qwen3's enable_thinking: false) hold here too.
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                 **prompt.meta.get("chat_template_kwargs", {}))
             return tokenizer(text, add_special_tokens=False).input_ids
         return tokenizer(text).input_ids
 

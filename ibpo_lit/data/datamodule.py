@@ -1,9 +1,13 @@
-"""`PromptDataModule`: the training prompts, from a JSONL file or synthetic arithmetic.
+"""`PromptDataModule`: the training prompts, from a file, a `datasets` dataset, or synthetic arithmetic.
 
 What is covered:
 - Arguments validated in ``__init__`` (a `ValueError` naming the field) so a bad config fails
-  before any model loads; the JSONL file is read and every record checked in `setup`, so a bad
-  record on line 7000 stops the run before training, not an hour into it.
+  before any model loads; the data (JSONL, JSON, Parquet, Arrow, a saved dataset or a `datasets`
+  name: `ibpo_lit.data.tables`, docs/data.md) is read and every record checked in `setup`, so a
+  bad record on line 7000 stops the run before training, not an hour into it.
+- Every prompt carries its record's other fields as ``Prompt.columns`` (what reward functions
+  get): a file's or dataset's columns but the question; ``{"answer": gold}`` for arithmetic;
+  ``task_id``, ``tests``, ``entry_point``, ``reference`` for code benchmarks.
 - The train loader yields lists of ``prompts_per_step`` `Prompt` objects, forever.
 - Counters for logging in `stats`: ``skipped_records`` (bad JSONL records, counted once at
   setup), ``skipped_long_prompts`` and ``truncated_prompts`` (counted as prompts are drawn).
@@ -24,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
@@ -33,13 +36,12 @@ from torch.utils.data import DataLoader
 from ibpo_lit.data.arithmetic import ArithmeticConfig, arithmetic_problem
 from ibpo_lit.data.prompt import Prompt, collate_prompts
 from ibpo_lit.data.prompt_builder import LONG_PROMPT_POLICIES, PromptBuilder
-from ibpo_lit.data.val_benchmarks import ValBenchmark, benchmark_prompts, check_unique_names
 from ibpo_lit.data.records import (
     ANSWER_FORMATS,
     BAD_RECORD_POLICIES,
     BadRecordError,
+    Record,
     RecordFormat,
-    read_records,
 )
 from ibpo_lit.data.stream import (
     ArithmeticSource,
@@ -48,10 +50,22 @@ from ibpo_lit.data.stream import (
     RecordSource,
     StreamPosition,
 )
+from ibpo_lit.data.tables import (
+    FILE_FORMATS,
+    check_location,
+    file_format,
+    infer_source,
+    load_table_records,
+)
+from ibpo_lit.data.val_benchmarks import (
+    ValBenchmark,
+    benchmark_prompts,
+    check_unique_names,
+)
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("arithmetic", "jsonl")
+SOURCES = ("arithmetic", "file", "dataset", "jsonl")  # "jsonl": the old name of "file"
 DEFAULT_INSTRUCTION = "Think step by step, then give the final answer after ####."
 
 
@@ -61,11 +75,21 @@ class PromptDataModule(L.LightningDataModule):
     Args:
         tokenizer: Model name or path whose tokenizer renders and tokenizes the prompts (the CLI
             links it to the model's name).
-        source: Where problems come from: "arithmetic" (synthetic, made in code) or "jsonl"
-            (a file given by train_path). Unset: "jsonl" when train_path is given, else "arithmetic".
-        train_path: JSONL file of training problems; required when source is "jsonl".
-        question_key: JSONL field holding the problem text ("problem" for MATH-style files).
-        answer_key: JSONL field holding the answer.
+        source: Where problems come from: "arithmetic" (synthetic, made in code), "file" (a local
+            JSONL/JSON/Parquet/Arrow file or a directory saved with ``save_to_disk``, at
+            train_path) or "dataset" (a ``datasets.load_dataset`` name at train_path: a hub name
+            such as ``openai/gsm8k``, or a local directory of data files). "jsonl" is an alias
+            of "file". Unset: from train_path (an existing file or saved dataset, or a known
+            extension: "file"; another name: "dataset"), else "arithmetic".
+        train_path: The training problems (see source); required unless source is "arithmetic".
+        train_format: Format of a "file" source: "jsonl", "json", "parquet" or "arrow"; unset =
+            from the extension (a saved dataset directory is "arrow").
+        train_config: Configuration name of a "dataset" source (GSM8K's ``main``).
+        train_split: Split of a "dataset" source or a saved ``DatasetDict``; unset = ``train``
+            (or the only split).
+        question_key: Field (column) holding the problem text ("problem" for MATH-style data).
+        answer_key: Field (column) holding the answer. Every field but the question reaches the
+            reward functions as ``Prompt.columns`` (the answer under its own name, as written).
         answer_format: "gsm8k" (the answer is a solution ending in "#### N"; the gold is N with
             commas removed) or "plain" (the field is the final answer itself, as in MATH-500).
         on_bad_record: What to do with a malformed JSONL record: "error" stops with the file, line
@@ -73,6 +97,8 @@ class PromptDataModule(L.LightningDataModule):
         arithmetic: Synthetic arithmetic problems (used when source is "arithmetic").
         prompts_per_step: Prompts per training step (the DataLoader batch size).
         system_prompt: Optional system message, used when the tokenizer has a chat template.
+        chat_template_kwargs: Extra variables for the tokenizer's chat template, passed to
+            ``apply_chat_template`` (Qwen3: ``{enable_thinking: false}`` turns thinking off).
         instruction: Text appended to every problem (after a blank line).
         max_prompt_tokens: Longest prompt in tokens, chat template included.
         on_long_prompt: What to do with a longer prompt: "skip" (counted), "truncate" (shorten
@@ -95,7 +121,13 @@ class PromptDataModule(L.LightningDataModule):
             apart from training (``arithmetic.seed + 1000003``; small operand ranges can still
             repeat a training problem). 0 = no validation, unless ``val_path`` is set (then all
             of it).
-        val_path: JSONL file of validation problems (same fields as the training file).
+        val_path: Validation problems, in any form train_path takes (same fields); read as
+            source "file" or "dataset" like train_path (inferred from the path; an arithmetic
+            training source infers it too).
+        val_format: Format of a val_path file (as train_format).
+        val_config: Configuration name of a val_path dataset name.
+        val_split: Split of a val_path dataset; unset = ``validation``, else ``test`` (or the
+            only split).
         val_batch_size: Validation prompts per batch.
         val_benchmarks: Evaluation benchmarks validated on while training, each a validation
             set of its own logged as ``val/<name>/avg@k`` and ``val/<name>/pass@k`` (k =
@@ -107,8 +139,11 @@ class PromptDataModule(L.LightningDataModule):
     def __init__(
         self,
         tokenizer: str = "tiny-llama",
-        source: Literal["arithmetic", "jsonl"] | None = None,
+        source: Literal["arithmetic", "file", "dataset", "jsonl"] | None = None,
         train_path: str | None = None,
+        train_format: Literal["jsonl", "json", "parquet", "arrow"] | None = None,
+        train_config: str | None = None,
+        train_split: str | None = None,
         question_key: str = "question",
         answer_key: str = "answer",
         answer_format: Literal["gsm8k", "plain"] = "gsm8k",
@@ -116,6 +151,7 @@ class PromptDataModule(L.LightningDataModule):
         arithmetic: ArithmeticConfig = ArithmeticConfig(),
         prompts_per_step: int = 2,
         system_prompt: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
         instruction: str = DEFAULT_INSTRUCTION,
         max_prompt_tokens: int = 512,
         on_long_prompt: Literal["truncate", "skip", "error"] = "skip",
@@ -124,6 +160,9 @@ class PromptDataModule(L.LightningDataModule):
         task: str = "math",
         val_size: int = 0,
         val_path: str | None = None,
+        val_format: Literal["jsonl", "json", "parquet", "arrow"] | None = None,
+        val_config: str | None = None,
+        val_split: str | None = None,
         val_batch_size: int = 8,
         val_benchmarks: list[ValBenchmark] | None = None,
         code_format: str | None = None,
@@ -133,19 +172,29 @@ class PromptDataModule(L.LightningDataModule):
     ):
         super().__init__()
         if source is None:  # `--data.train_path FILE` alone means: train on that file
-            source = "jsonl" if train_path else "arithmetic"
+            source = infer_source(train_path) if train_path else "arithmetic"
         _check_choice("source", source, SOURCES)
+        if source == "jsonl":
+            source = "file"
         _check_choice("answer_format", answer_format, ANSWER_FORMATS)
         _check_choice("on_bad_record", on_bad_record, BAD_RECORD_POLICIES)
         _check_choice("on_long_prompt", on_long_prompt, LONG_PROMPT_POLICIES)
-        if source == "jsonl":
+        for name, value in (("train_format", train_format), ("val_format", val_format)):
+            if value is not None:
+                _check_choice(name, value, FILE_FORMATS)
+        if source != "arithmetic":
             if not train_path:
-                raise ValueError("data.train_path is required when data.source='jsonl'")
-            if not Path(train_path).is_file():
-                what = "is a directory, not a JSONL file" if Path(train_path).is_dir() else "no such file"
-                raise FileNotFoundError(f"data.train_path: {what}: {train_path}")
-        elif train_path:
-            raise ValueError(f"data.train_path is only read when data.source='jsonl' (data.source={source!r})")
+                raise ValueError(f"data.train_path is required when data.source={source!r}")
+            check_location(train_path, source, train_format, train_config, "data.train_path")
+        else:
+            for name, value in (("train_path", train_path), ("train_format", train_format),
+                                ("train_config", train_config), ("train_split", train_split)):
+                if value is not None:
+                    raise ValueError(f"data.{name} is only read when data.source is 'file' or 'dataset' "
+                                     f"(data.source='arithmetic')")
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise ValueError("data.chat_template_kwargs must be a mapping, "
+                             f"got {type(chat_template_kwargs).__name__}")
         for name, value, low in (("prompts_per_step", prompts_per_step, 1),
                                  ("max_prompt_tokens", max_prompt_tokens, 1),
                                  ("num_workers", num_workers, 0)):
@@ -158,9 +207,12 @@ class PromptDataModule(L.LightningDataModule):
         get_reward(task)  # ValueError listing the valid names
         if val_size < 0 or val_batch_size < 1:
             raise ValueError(f"data.val_size must be >= 0 and data.val_batch_size >= 1, got {val_size}, {val_batch_size}")
-        if val_path is not None and not Path(val_path).is_file():
-            what = "is a directory, not a JSONL file" if Path(val_path).is_dir() else "no such file"
-            raise FileNotFoundError(f"data.val_path: {what}: {val_path}")
+        val_source = None
+        if val_path is not None:
+            val_source = infer_source(val_path)
+            check_location(val_path, val_source, val_format, val_config, "data.val_path")
+        elif any(v is not None for v in (val_format, val_config, val_split)):
+            raise ValueError("data.val_format/val_config/val_split are only read with data.val_path")
         self.record_format = RecordFormat(question_key, answer_key, answer_format)
         if code_format is not None:
             from ibpo_lit.data.code_tasks import CODE_LOADERS
@@ -169,16 +221,28 @@ class PromptDataModule(L.LightningDataModule):
             if task != "code":
                 raise ValueError(f"data.code_format={code_format!r} needs the code verifier: model.reward: code "
                                  f"(the data's task follows it; got {task!r})")
+        if code_format is not None and any(v is not None for v in (train_config, train_split, val_config,
+                                                                    val_split)):
+            raise ValueError("data.code_format reads a code benchmark's JSONL file; "
+                             "data.train_config/train_split/val_config/val_split do not apply (see data.code_split)")
+        if code_format is not None:
+            for key, path, src, fmt in (("train", train_path, source, train_format),
+                                        ("val", val_path, val_source, val_format)):
+                if path is not None and (src != "file" or file_format(path, fmt, f"data.{key}_path") != "jsonl"):
+                    raise ValueError(f"data.code_format reads a benchmark's JSONL file; "
+                                     f"data.{key}_path is not one: {path}")
         self.code_format, self.code_split, self.code_val_split = code_format, code_split, code_val_split
         self.code_shown_tests = code_shown_tests
 
         self.tokenizer_name = tokenizer
         self.source = source
         self.train_path = train_path
+        self.train_format, self.train_config, self.train_split = train_format, train_config, train_split
         self.on_bad_record = on_bad_record
         self.arithmetic = arithmetic
         self.prompts_per_step = prompts_per_step
         self.system_prompt = system_prompt
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.instruction = instruction
         self.max_prompt_tokens = max_prompt_tokens
         self.on_long_prompt = on_long_prompt
@@ -187,6 +251,8 @@ class PromptDataModule(L.LightningDataModule):
         self.task = task
         self.val_size = val_size
         self.val_path = val_path
+        self.val_source, self.val_format = val_source, val_format
+        self.val_config, self.val_split = val_config, val_split
         self.val_batch_size = val_batch_size
         self.val_benchmarks = list(val_benchmarks or [])
         check_unique_names(self.val_benchmarks)
@@ -215,6 +281,7 @@ class PromptDataModule(L.LightningDataModule):
             max_prompt_tokens=self.max_prompt_tokens,
             on_long_prompt=self.on_long_prompt,
             task=self.task,
+            chat_template_kwargs=self.chat_template_kwargs,
         )
         for key in self._builder.stats:
             self._builder.stats[key] += self._restored_stats.get(key, 0)
@@ -225,20 +292,30 @@ class PromptDataModule(L.LightningDataModule):
         self.skipped_record_errors = []
         if self.code_format is not None:
             return RecordSource(self._code_records(self.train_path, self.code_split), seed=self.seed)
-        records = list(read_records(self.train_path, self.record_format, self.on_bad_record,
-                                    skipped=self.skipped_record_errors))
+        records = list(load_table_records(
+            self.train_path, self.source, self.record_format, file_fmt=self.train_format,
+            config=self.train_config, split=self.train_split, on_bad_record=self.on_bad_record,
+            skipped=self.skipped_record_errors, role="train"))
         if self.skipped_record_errors:
             logger.warning("skipped %d bad records in %s; first: %s", len(self.skipped_record_errors),
                            self.train_path, self.skipped_record_errors[0])
         return RecordSource(records, seed=self.seed)
 
-    def _code_records(self, path: str, split: str | None) -> list:
-        """Records of a code benchmark file (gold = the sandbox's test spec, ``REWARDS["code"]``)."""
+    def _code_records(self, path: str, split: str | None) -> list[Record]:
+        """Records of a code benchmark file (gold = the sandbox's test spec, ``REWARDS["code"]``);
+        columns: ``task_id``, ``tests`` (the list the sandbox runs), ``entry_point`` and
+        ``reference`` (the benchmark's solution) where the benchmark has them."""
         from ibpo_lit.data.code_tasks import load_code_tasks
 
         kwargs = {"split": split, "shown_tests": self.code_shown_tests}
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        return [task.to_record() for task in load_code_tasks(self.code_format, path, **kwargs)]
+        records = []
+        for task in load_code_tasks(self.code_format, path, **kwargs):
+            columns = {"task_id": task.uid, "tests": list(task.tests), "entry_point": task.entry_point,
+                       "reference": task.reference}
+            columns = {k: v for k, v in columns.items() if v is not None}
+            records.append(Record(problem=task.problem, gold=task.gold, uid=task.uid, columns=columns))
+        return records
 
     def train_dataset(self) -> PromptStream:
         if self._builder is None:
@@ -263,20 +340,21 @@ class PromptDataModule(L.LightningDataModule):
             raise RuntimeError("call setup() before asking for the validation data")
         if self.val_path is not None and self.code_format is not None:
             records = self._code_records(self.val_path, self.code_val_split)
-            problems = ((r.problem, r.gold, r.uid) for r in records)
         elif self.val_path is not None:
-            records = read_records(self.val_path, self.record_format, self.on_bad_record)
-            problems = ((r.problem, r.gold, r.uid) for r in records)
+            records = load_table_records(
+                self.val_path, self.val_source, self.record_format, file_fmt=self.val_format,
+                config=self.val_config, split=self.val_split, on_bad_record=self.on_bad_record, role="val")
         elif self.val_size > 0:
             held_out = dataclasses.replace(self.arithmetic, seed=self.arithmetic.seed + 1_000_003)
-            problems = ((*arithmetic_problem(i, held_out), f"val-arithmetic:{i}") for i in itertools.count())
+            records = (Record(text, gold, f"val-arithmetic:{i}", {"answer": gold})
+                       for i, (text, gold) in ((i, arithmetic_problem(i, held_out)) for i in itertools.count()))
         else:
             return []
         prompts = []
-        for problem, gold, uid in problems:
+        for r in records:
             if self.val_size and len(prompts) >= self.val_size:
                 break
-            prompt = self._builder.build(problem, gold, uid)
+            prompt = self._builder.build(r.problem, r.gold, r.uid, r.columns)
             if prompt is not None:
                 prompts.append(prompt)
         return prompts

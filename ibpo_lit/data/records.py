@@ -23,7 +23,7 @@ from __future__ import annotations
 import codecs
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -36,14 +36,15 @@ BAD_RECORD_POLICIES = ("error", "skip")
 
 
 class BadRecordError(ValueError):
-    """A record that cannot be used; the message names the file, line and field."""
+    """A record that cannot be used; the message names the file, the line (JSONL) or the 0-based
+    row (any other table, ``row=``), and the field."""
 
-    def __init__(self, path: Path | str, line: int, field: str | None, reason: str):
-        self.path, self.line, self.field, self.reason = str(path), line, field, reason
-        if line == 0:  # about the whole file
+    def __init__(self, path: Path | str, line: int, field: str | None, reason: str, row: int | None = None):
+        self.path, self.line, self.field, self.reason, self.row = str(path), line, field, reason, row
+        if line == 0 and row is None:  # about the whole file
             super().__init__(reason)
             return
-        where = f"{path}:{line}" + (f": field {field!r}" if field else "")
+        where = (f"{path}:{line}" if row is None else f"{path}: row {row}") + (f": field {field!r}" if field else "")
         super().__init__(f"{where}: {reason}")
 
 
@@ -51,7 +52,9 @@ class BadRecordError(ValueError):
 class Record:
     problem: str  # the question text, stripped
     gold: str  # the final answer, as the verifier expects it
-    uid: str  # "<file name>:<line>"
+    uid: str  # "<file name>:<line>" (JSONL), "<file or dataset name>:<row>" (other tables)
+    # Every field but the question, as read (the answer field raw, not the gold): `Prompt.columns`.
+    columns: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 @dataclass(frozen=True)
@@ -88,33 +91,49 @@ def parse_record(raw: bytes, path: Path | str, line: int, fmt: RecordFormat) -> 
         raise BadRecordError(path, line, None, f"malformed JSON: {e.msg} (column {e.colno})") from None
     if not isinstance(obj, dict):
         raise BadRecordError(path, line, None, f"expected a JSON object, got {type(obj).__name__}")
+    return record_from_fields(obj, fmt, path, line=line)
+
+
+def record_from_fields(obj: dict, fmt: RecordFormat, path: Path | str, line: int = 0, row: int | None = None,
+                       uid: str | None = None) -> Record:
+    """One record's fields (a JSON object, a table row) -> `Record`, or raise `BadRecordError`.
+
+    ``line`` (JSONL) or ``row`` (0-based, other tables) says where the record is, in errors and
+    in the default uid (``"<file name>:<line or row>"``). A null field counts as missing.
+    """
+
+    def bad(field_name: str, reason: str) -> BadRecordError:
+        return BadRecordError(path, line, field_name, reason, row=row)
 
     qk, ak = fmt.question_key, fmt.answer_key
-    if qk not in obj:
-        raise BadRecordError(path, line, qk, "missing")
-    question = obj[qk]
+    question = obj.get(qk)
+    if question is None:
+        raise bad(qk, "missing")
     if not isinstance(question, str):
-        raise BadRecordError(path, line, qk, f"expected a string, got {type(question).__name__}")
+        raise bad(qk, f"expected a string, got {type(question).__name__}")
     if not question.strip():
-        raise BadRecordError(path, line, qk, "empty question")
+        raise bad(qk, "empty question")
 
-    if ak not in obj:
-        raise BadRecordError(path, line, ak, "missing")
-    answer = obj[ak]
+    answer = obj.get(ak)
+    if answer is None:
+        raise bad(ak, "missing")
     if fmt.answer_format == "plain" and isinstance(answer, int) and not isinstance(answer, bool):
         answer = str(answer)
     if not isinstance(answer, str):
         allowed = "a string" if fmt.answer_format == "gsm8k" else "a string or an integer"
-        raise BadRecordError(path, line, ak, f"expected {allowed}, got {type(answer).__name__}")
+        raise bad(ak, f"expected {allowed}, got {type(answer).__name__}")
     if fmt.answer_format == "gsm8k":
         if GSM8K_MARKER not in answer:
-            raise BadRecordError(path, line, ak, f"no {GSM8K_MARKER!r} before the final answer")
+            raise bad(ak, f"no {GSM8K_MARKER!r} before the final answer")
         gold = extract_gsm8k_gold(answer)
     else:
         gold = answer.strip()
     if not gold:
-        raise BadRecordError(path, line, ak, "empty final answer")
-    return Record(problem=question.strip(), gold=gold, uid=f"{Path(path).name}:{line}")
+        raise bad(ak, "empty final answer")
+    if uid is None:
+        uid = f"{Path(path).name}:{line if row is None else row}"
+    columns = {k: v for k, v in obj.items() if k != qk}
+    return Record(problem=question.strip(), gold=gold, uid=uid, columns=columns)
 
 
 def read_records(

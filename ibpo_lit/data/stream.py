@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from torch.utils.data import IterableDataset, get_worker_info
@@ -44,6 +44,7 @@ class Problem:
     gold: str
     uid: str
     after: StreamPosition  # the stream position just after this problem
+    columns: dict = field(default_factory=dict)  # the record's other fields (`Prompt.columns`)
 
 
 class ProblemSource(Protocol):
@@ -72,7 +73,7 @@ class RecordSource:
             perm = self.order(epoch)
             for i in range(index, len(perm)):
                 r = self.records[perm[i]]
-                yield Problem(r.problem, r.gold, r.uid, StreamPosition(epoch, i + 1))
+                yield Problem(r.problem, r.gold, r.uid, StreamPosition(epoch, i + 1), r.columns)
             epoch, index = epoch + 1, 0
 
 
@@ -87,7 +88,7 @@ class ArithmeticSource:
     def problems_from(self, start: StreamPosition) -> Iterator[Problem]:
         for i in itertools.count(start.index):
             text, gold = arithmetic_problem(i, self.cfg)
-            yield Problem(text, gold, f"arithmetic:{i}", StreamPosition(start.epoch, i + 1))
+            yield Problem(text, gold, f"arithmetic:{i}", StreamPosition(start.epoch, i + 1), {"answer": gold})
 
 
 class PromptStream(IterableDataset):
@@ -131,7 +132,7 @@ class PromptStream(IterableDataset):
         for draw, p in enumerate(self.source.problems_from(self.start)):
             if draw % n_workers != worker:
                 continue
-            prompt = self.builder.build(p.problem, p.gold, p.uid)
+            prompt = self.builder.build(p.problem, p.gold, p.uid, p.columns)
             if prompt is None:
                 skips += 1
                 if skips > max_skips:

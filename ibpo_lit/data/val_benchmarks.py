@@ -87,7 +87,8 @@ def benchmark_prompts(spec: ValBenchmark, training_builder: PromptBuilder) -> li
                                   stats={"skipped_long_prompts": 0, "truncated_prompts": 0})
     prompts = []
     for record in load_benchmark(spec.name, path=spec.path, limit=spec.limit):
-        prompt = builder.build(record.problem, record.gold, f"{spec.key}:{record.uid}")
+        prompt = builder.build(record.problem, record.gold, f"{spec.key}:{record.uid}",
+                               columns=getattr(record, "columns", None))
         if prompt is not None:
             prompt.meta[VAL_SET_KEY] = spec.key
             prompts.append(prompt)

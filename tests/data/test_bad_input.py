@@ -76,7 +76,8 @@ def test_an_empty_data_file_stops_fit(tmp_path, no_weights):
 
 
 def test_a_directory_is_not_a_data_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match=f"data.train_path: is a directory, not a JSONL file: {tmp_path}"):
+    # a directory is read as a datasets directory of data files (docs/data.md); an empty one fails
+    with pytest.raises(FileNotFoundError, match=f"data.train_path: is a directory with no data files: {tmp_path}"):
         PromptDataModule(train_path=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="is a directory, not a JSONL file"):
         list(read_records(tmp_path))

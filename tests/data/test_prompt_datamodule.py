@@ -177,7 +177,7 @@ def test_lightning_checkpoint_resume_is_exact(tmp_path):
         (dict(source="hf"), "source must be one of", ValueError),
         (dict(source="jsonl"), "train_path is required", ValueError),
         (dict(source="jsonl", train_path="/no/such/file.jsonl"), "train_path: no such file", FileNotFoundError),
-        (dict(source="arithmetic", train_path="x.jsonl"), "train_path is only read when data.source='jsonl'", ValueError),
+        (dict(source="arithmetic", train_path="x.jsonl"), "train_path is only read when data.source is .file. or .dataset.", ValueError),
         (dict(train_path="/no/such/file.jsonl"), "train_path: no such file", FileNotFoundError),  # source inferred
         (dict(answer_format="latex"), "answer_format must be one of", ValueError),
         (dict(on_bad_record="warn"), "on_bad_record must be one of", ValueError),
