@@ -69,3 +69,25 @@ def test_fsdp2_checkpoint_is_a_published_folder(runs):
     assert last.is_symlink() and last.is_dir()
     assert (last / ".metadata").is_file() and (last / "meta.pt").is_file()
     assert len(list((root / "checkpoints").iterdir())) == 2  # the link and the one folder it names
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_exports_and_evaluates_as_the_trained_weights(runs, tmp_path):
+    # The FSDP2 run's last.ckpt is a folder of shards; export and evaluate read it whole.
+    from ibpo_lit.evaluation.checkpoint import load_checkpoint_weights
+    from ibpo_lit.models.export import trained_policy
+    from ibpo_lit.models.export_cli import export_main
+
+    root, _, weights = runs["fsdp2"]
+    last = root / "checkpoints" / "last.ckpt"
+    assert last.is_dir()
+    policy, _ = trained_policy(str(last))
+    state = policy.state_dict()
+    assert max(float((state[k] - weights[k]).abs().max()) for k in weights) == 0.0
+    evaluated = load_checkpoint_weights(build_tiny_model(seed=7, arch="qwen3"), str(last))
+    assert all(torch.equal(evaluated.state_dict()[k], weights[k]) for k in weights)
+    assert export_main(["--ckpt_path", str(last), "--output_dir", str(tmp_path / "hf")]) == 0
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).state_dict()
+    assert all(torch.equal(loaded[k], weights[k]) for k in weights if k in loaded)
