@@ -232,6 +232,12 @@ class VLLMRolloutEngine(RolloutEngine):
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = cfg.enable_sleep_mode
+        else:
+            # A prompt prefilled in chunks is sampled and discarded at each partial step, and
+            # vLLM then rewinds its seeded generator, which a CPU generator cannot do
+            # ("CPU Generator does not use offset": any step whose prompts exceed the
+            # scheduler's token budget). Whole prompts only on the CPU.
+            kwargs["enable_chunked_prefill"] = False
         for key in ("max_model_len", "max_num_seqs"):
             if getattr(cfg, key) is not None:
                 kwargs[key] = getattr(cfg, key)

@@ -96,3 +96,14 @@ def test_weight_sync_changes_generations_and_restores_them(synced):
 
     engine.sync_weights(iter_full_weights(model))
     assert engine.generate(prompts, n=2, seeds=range(6)).response_lists() == before
+
+
+def test_a_step_longer_than_the_schedulers_token_budget(synced):
+    # 80 prompts of 200 tokens, more than one scheduler step can prefill: with chunked prefill
+    # vLLM's CPU build failed ("CPU Generator does not use offset") on seeded requests.
+    engine, _, _ = synced
+    prompts = [[1] + [5 + (i * 7 + j) % 90 for j in range(199)] for i in range(80)]
+    batch = engine.generate(prompts, n=2, seeds=range(160))
+    assert len(batch) == 160 and int(batch.response_mask.sum()) > 0
+    alone = engine.generate(prompts[-1:], n=2, seeds=[158, 159])
+    assert alone.response_lists() == batch.response_lists()[-2:]
