@@ -128,6 +128,34 @@ class IBPOConfig:
 
 
 @dataclass
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling (verl's ``algorithm.filter_groups``, OpenRLHF's
+    ``--dynamic_filtering``): train only on informative groups, refilled from the stream.
+
+    A group is informative when one of its rows trains: a non-zero advantage after IBPO's
+    shaping and overlong handling (a group IBPO shaped counts; its correction samples count
+    too). Uninformative groups are dropped and the next batch of prompts is generated, until
+    the run holds ``data.prompts_per_step`` x processes informative groups; the surplus of the
+    last round is dropped, as verl does. Each generation round is one Lightning batch, so
+    ``trainer.max_steps`` counts updates while ``val_check_interval`` and the TensorBoard
+    step count rounds (see docs/configuration.md).
+
+    Args:
+        enabled: Turn it on.
+        max_rounds: Generation rounds per update at most (verl's ``max_num_gen_batches``).
+            At the cap the update trains the informative groups collected so far (fewer than
+            configured); with fewer of them than processes, the last round as it is.
+    """
+
+    enabled: bool = False
+    max_rounds: int = 4
+
+    def __post_init__(self) -> None:
+        if self.max_rounds < 1:
+            raise ValueError(f"algorithm.dynamic_sampling.max_rounds must be >= 1, got {self.max_rounds}")
+
+
+@dataclass
 class AlgorithmConfig:
     """Loss, advantages, IBPO and CIW.
 
@@ -149,6 +177,8 @@ class AlgorithmConfig:
             ``train/entropy`` is logged either way.
         overlong: Truncated and overlong responses: masked out of the loss, and/or DAPO's soft
             length penalty (see ``OverlongConfig``). Both off by default.
+        dynamic_sampling: DAPO's dynamic sampling: uninformative groups are dropped and
+            the batch refilled (see ``DynamicSamplingConfig``). Off by default.
         advantage_scale: ``group`` (divide by the group's std), ``batch`` (by the batch's
             std) or ``none`` (Dr.GRPO: no division).
         ibpo: IBPO's settings, all in one place (see ``IBPOConfig``): ``variant: none`` is
@@ -171,6 +201,7 @@ class AlgorithmConfig:
     ibpo: IBPOConfig = field(default_factory=IBPOConfig)
     ciw: Optional[CIWConfig] = None
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
 
     def __post_init__(self) -> None:
         POLICY_LOSSES.get(self.loss)  # raises, listing the valid names

@@ -55,6 +55,7 @@ from ibpo_lit.scale.strategy import sharding_plan
 from ibpo_lit.training.assemble import assemble_update
 from ibpo_lit.training.ciw_scorer import CIWScorer
 from ibpo_lit.training.corrections import CorrectionContext
+from ibpo_lit.training.group_filter import InformativeGroups
 from ibpo_lit.training.optimizer import build_optimizer
 from ibpo_lit.training.rng_state import capture_rng_state, restore_rng_state
 from ibpo_lit.training.seeding import BENCHMARK_VALIDATION, MAIN_ROLLOUTS, VALIDATION, rollout_seeds
@@ -65,7 +66,7 @@ from ibpo_lit.training.update import PolicyUpdate, UpdateRuntime
 # Metrics that count events on each rank: summed over ranks, not averaged.
 # (``train/loss``: each rank's micro-batch losses are its share of the global mini-batch loss.)
 SUMMED_METRICS = ("train/unscorable", "train/corrections", "train/tokens_per_s", "train/reward_timeouts",
-                  "train/reward_errors", "train/reward_none", "train/loss")
+                  "train/reward_errors", "train/reward_none", "train/loss", "train/filtered_groups")
 
 
 class IBPOModule(L.LightningModule):
@@ -174,6 +175,9 @@ class IBPOModule(L.LightningModule):
         self._plan: Optional[FSDP2Plan] = None  # FSDP2 sharding of the policy (None: replicated)
         self._engine_dir: Optional[tempfile.TemporaryDirectory] = None
         self.rollout_step = 0  # rollout batches done; saved in checkpoints (seeds depend on it)
+        dynamic = algorithm.dynamic_sampling
+        # DAPO's dynamic sampling: the informative groups of the rounds before an update.
+        self.group_filter = InformativeGroups(dynamic.max_rounds, pad_token_id=0) if dynamic.enabled else None  # pad: the tokenizer's, once loaded
         self._reward_counts = {"timeout": 0, "error": 0, "none": 0}  # unscorable, by cause, before a resume
         self._pending_rng_state: Optional[dict] = None  # restored before the first step after a resume
         self.step_stats: dict[str, float] = {}  # token counts and seconds of the last step (compute accounting)
@@ -190,6 +194,8 @@ class IBPOModule(L.LightningModule):
         trainer = self._trainer
         self._plan = sharding_plan(trainer.strategy) if trainer is not None else None
         self.policy, self.tokenizer = self._load_policy()
+        if self.group_filter is not None:
+            self.group_filter.pad_token_id = self.tokenizer.pad_token_id
         if self.lora is not None:
             self.policy = apply_lora(self.policy, self.lora)
         self.policy.train()  # from_pretrained returns eval mode; dropout is off either way (load_policy)
@@ -308,8 +314,12 @@ class IBPOModule(L.LightningModule):
         self._call_step_hooks("on_rollouts_scored", step)
         clock.mark("correct")
 
-        # 4. shaping and advantages, CIW's token weights; then callbacks that read the finished step
-        metrics = assemble_update(step, self.algorithm, self.tokenizer.pad_token_id, self.rollout_cfg.sampling.max_new_tokens)
+        # 4. shaping and advantages (dynamic sampling: keep informative groups, else refill from
+        #    the next batch), CIW's token weights; then callbacks that read the finished step
+        scored = step
+        step, metrics = self._informative_groups(step, self._assemble(step))
+        if step is None:  # too few informative groups so far: the next batch refills
+            return self._end_round(scored, clock)
         metrics.update(self._ciw_weights(step))
         self._call_step_hooks("on_before_update", step)
         clock.mark("callbacks")
@@ -318,9 +328,29 @@ class IBPOModule(L.LightningModule):
         metrics.update(self.updater.run(step.update, self.optimizers(), self.lr_schedulers(), self.rollout_step))
         clock.mark("update")
 
-        metrics.update(step_metrics(step, clock, self.step_stats))
+        metrics.update(self._end_round(scored, clock))
         self._log_metrics({**metrics, **reward_metrics, **self._run_counts()})
+
+    def _end_round(self, scored: ScoredRollouts, clock: StepClock) -> dict[str, float]:
+        """A generation round ends: its compute (``step_stats``, what the budget charges) and
+        timings; the next round samples with the next seeds."""
         self.rollout_step += 1
+        return step_metrics(scored, clock, self.step_stats)
+
+    def _assemble(self, step: ScoredRollouts) -> dict[str, float]:
+        return assemble_update(step, self.algorithm, self.tokenizer.pad_token_id, self.rollout_cfg.sampling.max_new_tokens)
+
+    def _informative_groups(self, step: ScoredRollouts, metrics: dict[str, float]):
+        """Dynamic sampling (``algorithm.dynamic_sampling``): ``(None, metrics)`` while the
+        rounds so far hold too few informative groups (the next batch refills), then the step
+        of the informative groups to update on with the rounds' metrics. Off: ``step`` as it is."""
+        if self.group_filter is None:
+            return step, metrics
+        step = self.group_filter.add(step, metrics, self.sync, self.global_rank)
+        if step is None:
+            return None, metrics
+        self._assemble(step)  # the joined groups' shaping and advantages (per group: unchanged)
+        return step, self.group_filter.metrics()
 
     def _generate(self, prompts: list[Prompt]):
         """``G`` responses per prompt from the engine, and their text."""
@@ -462,6 +492,11 @@ class IBPOModule(L.LightningModule):
     def _log_metrics(self, metrics: dict[str, float]) -> None:
         """Log a step's metrics, averaged over ranks (counts summed; see ``SUMMED_METRICS``)."""
         metrics = self.sync.mean_metrics(metrics, summed=SUMMED_METRICS)
+        if self.group_filter is not None:
+            # Several batches (generation rounds) make one update: TensorBoard's step is the
+            # update's index, as without dynamic sampling (Lightning's own counts batches).
+            self.log("step", float(self.trainer.global_step // self.rollout_cfg.num_mini_batches - 1), on_step=True,
+                     batch_size=1)
         bar = {"train/reward", "train/correction_success", "train/unscorable", "train/nonfinite_steps", "data/skipped"}
         for key, value in metrics.items():
             if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -483,6 +518,8 @@ class IBPOModule(L.LightningModule):
             # Every rank's generators (a collective: Lightning calls this hook on every rank).
             "rng_per_rank": self.sync.gather(capture_rng_state()),
         }
+        if self.group_filter is not None:  # rounds in progress (between two updates), each rank's
+            checkpoint["ibpo_lit"]["dynamic_sampling_per_rank"] = self.sync.gather(self.group_filter.state_dict())
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if self.lora is not None and not any(".lora_" in key for key in checkpoint.get("state_dict", {})):
@@ -495,6 +532,14 @@ class IBPOModule(L.LightningModule):
         self.updater.nonfinite_run = state.get("nonfinite_run", 0)
         self._reward_counts.update(state.get("reward_counts", {}))
         self._pending_rng_state = self._own_rng_state(state)
+        rounds = state.get("dynamic_sampling_per_rank")
+        if self.group_filter is not None and rounds is not None:
+            world = self._trainer.world_size if self._trainer is not None else 1
+            if len(rounds) == world:
+                self.group_filter.load_state_dict(rounds[self.global_rank])
+            else:
+                rank_zero_warn(f"the checkpoint's dynamic-sampling rounds in progress belong to {len(rounds)} "
+                               f"processes and this run has {world}: they are dropped (generated again).")
         self.configure_model()
 
     def _own_rng_state(self, state: dict) -> Optional[dict]:

@@ -158,6 +158,7 @@ class Corrector:
                 train_groups = batch.group_index.cpu()
             out.train_batch = replace(batch, group_index=train_groups.to(batch.group_index.device))
             out.train_rewards = scores
+            out.train_source = torch.tensor(source, dtype=torch.long)
         out.generated_tokens = int(batch.response_mask.sum())
         out.prompt_tokens = int(batch.prompt_mask.sum())
         scored = scores[~scores.isnan()]

@@ -29,6 +29,7 @@ class Corrections:
     alpha: float  # rewrite threshold used for this step (fixed or adaptive)
     train_batch: RolloutBatch | None = None  # [C, ...] correction samples to train jointly
     train_rewards: Tensor | None = None  # [C] float, their rewards (NaN = unscorable)
+    train_source: Tensor | None = None  # [C] long, the row (wrong rollout) each sample corrects
     generated_tokens: int = 0  # tokens the correction rollouts generated (compute accounting)
     prompt_tokens: int = 0  # tokens of the correction prompts (prefilled once per sample)
     metrics: dict[str, float] = field(default_factory=dict)

@@ -5,7 +5,8 @@ runs (tests/ is on their PYTHONPATH).
   and seeds) and, at the end, the full weights (gathered from FSDP2 shards) and a digest.
 - `ScriptedRewards`: replaces the verifier's rewards before the corrections see them, so the
   random tiny model gets mixed rewards (the math verifier almost never scores it right, and
-  every advantage would be 0). ``mode: unbalanced`` makes the ranks as different as possible:
+  every advantage would be 0). ``mode: solved_groups`` also solves a third of the prompts (by
+  uid) in every rollout: groups dynamic sampling drops. ``mode: unbalanced`` makes the ranks as different as possible:
   rank 0 gets all-zero rewards (no gradient anywhere); rank 1 gets mixed rewards, and some of
   its responses are replaced by one fixed text with an answer marker (duplicates: CIW cache
   hits; different lengths from rank 0's).
@@ -81,6 +82,11 @@ class ScriptedRewards(L.Callback):
         hashed = torch.tensor([float(zlib.crc32(bytes(r)) % 2) for r in responses])
         if self.mode == "hash":
             step.rewards = hashed
+            return
+        if self.mode == "solved_groups":  # a third of the prompts (by uid) solved by every rollout
+            solved = [zlib.crc32(p.uid.encode()) % 3 == 0 for p in step.prompts]
+            step.rewards = torch.where(torch.tensor([solved[g] for g in step.rollouts.group_index.tolist()]),
+                                       torch.ones_like(hashed), hashed)
             return
         if trainer.global_rank == 0:
             step.rewards = torch.zeros(len(responses))

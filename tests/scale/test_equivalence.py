@@ -91,3 +91,40 @@ def test_a_sharded_checkpoint_exports_and_evaluates_as_the_trained_weights(runs,
 
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).state_dict()
     assert all(torch.equal(loaded[k], weights[k]) for k in weights if k in loaded)
+
+
+@pytest.fixture(scope="module")
+def dynamic_runs(tmp_path_factory):
+    """Dynamic sampling on: a third of the prompts are solved by every rollout (dropped, refilled)."""
+    out = {}
+    extra = ("--model.algorithm.dynamic_sampling.enabled", "true", "--model.algorithm.dynamic_sampling.max_rounds", "3")
+    for name, more, world in (
+        ("one", ("--trainer.devices", "1", "--trainer.strategy", "auto", "--data.prompts_per_step", "4"), 1),
+        ("fsdp2", (), 2),
+    ):
+        root = tmp_path_factory.mktemp(f"dynamic_{name}")
+        run_fit("tiny_fsdp.yaml", root, *COMMON, *extra, *more,
+                "--trainer.callbacks", callbacks(scripted("solved_groups"), CORRECTIONS, recorder(root)))
+        out[name] = (root, read_ranks(root, world), torch.load(root / "weights.pt"))
+    return out
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_on_two_processes_trains_like_one(dynamic_runs):
+    (one_root, (single,), reference), (root, ranks, weights) = dynamic_runs["one"], dynamic_runs["fsdp2"]
+    assert all(r["steps"] == STEPS for r in (single, *ranks))  # max_steps counts updates
+    one, two = scalars(one_root), scalars(root)
+    rounds = list(one["train/generation_rounds"].values())
+    assert sum(rounds) > STEPS and rounds == list(two["train/generation_rounds"].values())  # refilled, alike
+    assert sum(one["train/filtered_groups"].values()) == sum(two["train/filtered_groups"].values()) > 0
+    assert all(v == 4 for v in one["train/trained_groups"].values())
+    # a batch per round: the prompts consumed are the same, split over the ranks
+    assert len(single["uids"]) == sum(rounds) == len(ranks[0]["uids"])
+    for step in range(STEPS):
+        s, r0, r1 = single["rollouts"][step], ranks[0]["rollouts"][step], ranks[1]["rollouts"][step]
+        assert s["responses"] == r0["responses"] + r1["responses"], step
+        assert s["rewards"] == r0["rewards"] + r1["rewards"], step
+        assert len(s["rewards"]) == 4 * 8 and not all(v == 1.0 for v in s["rewards"])
+        assert s["corrections"] == r0["corrections"] + r1["corrections"], step
+    diff = max(float((weights[k] - reference[k]).abs().max()) for k in reference)
+    assert diff < 1e-5, diff
