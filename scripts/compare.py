@@ -19,7 +19,11 @@ corrections included, or measured device-seconds); all arms see the same problem
 held-out validation set is scored before training (step 0) and every ``--val-every`` steps.
 Writes, under ``--out``: ``summary.json`` (one small summary per run, kept so the report can
 be rebuilt with ``--report-only``), ``compare.md`` (means and 95% bootstrap CIs across seeds)
-and ``compare.png``. Runs whose summary exists are not run again, so an interrupted
+and ``compare.png``. With ``--final-eval N``, each run's last checkpoint is also evaluated on the
+first N held-out problems x ``--final-eval-k`` samples with ``python -m ibpo_lit evaluate``
+(vLLM by default; the untrained model once, as the step-0 point), and compare.md gives each
+arm's difference to its baseline paired by seed and problem
+(``ibpo_lit/experiments/final_eval.py``). Runs whose summary exists are not run again, so an interrupted
 comparison resumes where it stopped; two comparisons may share one ``--out`` (disjoint arms,
 e.g. two sweeps at once): summaries are merged under a lock. An arm whose config equals an
 arm already run at that seed (``lambda_0.6`` and ``alpha_0.6`` are ``ibpo_plain`` on the
@@ -37,6 +41,7 @@ import time
 
 import yaml
 
+from ibpo_lit.experiments import final_eval
 from ibpo_lit.experiments.arms import ARMS, ArmSettings, build_arm_config, same_config_arm
 from ibpo_lit.experiments.report import gradient_variance_ratio, markdown_table, plot
 from ibpo_lit.experiments.runs import read_scalars, summarize_run
@@ -57,6 +62,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--val-size", type=int, default=16)
     p.add_argument("--val-every", type=int, default=4)
     p.add_argument("--val-samples", type=int, default=2)
+    p.add_argument("--final-eval", type=int, default=0, metavar="N",
+                   help="evaluate each run's last checkpoint on the first N held-out problems (0: off)")
+    p.add_argument("--final-eval-k", type=int, default=8, help="samples per problem of --final-eval")
+    p.add_argument("--final-eval-backend", choices=("vllm", "hf"), default="vllm", help="engine of --final-eval")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep each run's last checkpoint after --final-eval (default: deleted, ~1.6 GB for SmolLM2)")
     p.add_argument("--prompts-per-step", type=int, default=None, help="override data.prompts_per_step")
     p.add_argument("--out", default="results/compare")
     p.add_argument("--report-only", action="store_true", help="rebuild compare.md/png from summary.json")
@@ -98,6 +109,34 @@ def baseline_validation(base: dict, seed: int, settings: ArmSettings, out: str) 
         return read_scalars(root, ["val/accuracy"])["val/accuracy"][-1][1]
 
 
+def untrained_evaluation(base: dict, settings: ArmSettings, args: argparse.Namespace, held_out: str) -> dict:
+    """``--final-eval`` of the model every run starts from: once per comparison (seed 0), read
+    back when a result for the same settings exists."""
+    root = os.path.join(args.out, "runs", "baseline_eval")
+    os.makedirs(root, exist_ok=True)
+    output = os.path.join(root, f"n{args.final_eval}_k{args.final_eval_k}_{args.final_eval_backend}.json")
+    with exclusive_lock(root):
+        if not os.path.exists(output):
+            cfg = build_arm_config(base, "ibpo_plain", 0, settings, root)
+            run(final_eval.evaluate_command(cfg, None, held_out, args.final_eval, args.final_eval_k,
+                                            args.final_eval_backend, seed=0, output=output), os.path.join(root, "log.txt"))
+        return final_eval.read_result(output)
+
+
+def evaluate_final_checkpoint(cfg: dict, root: str, seed: int, args: argparse.Namespace, held_out: str) -> dict:
+    """``--final-eval`` of a finished run's last checkpoint; the checkpoint is deleted after
+    unless ``--keep-checkpoints``."""
+    ckpt = os.path.join(root, "checkpoints", "last.ckpt")
+    if not os.path.exists(ckpt):
+        raise SystemExit(f"--final-eval: the run left no checkpoint at {ckpt}; see {os.path.join(root, 'log.txt')}")
+    output = os.path.join(root, "final_eval.json")
+    run(final_eval.evaluate_command(cfg, ckpt, held_out, args.final_eval, args.final_eval_k, args.final_eval_backend,
+                                    seed=seed, output=output), os.path.join(root, "final_eval_log.txt"))
+    if not args.keep_checkpoints:
+        os.remove(ckpt)
+    return final_eval.read_result(output)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -113,6 +152,10 @@ def main(argv=None) -> None:
             small_group=args.small_group, budget_flops=args.budget_flops, budget_device_seconds=args.budget_seconds,
             val_size=args.val_size, val_every=args.val_every, val_samples=args.val_samples,
         )
+        held_out = None
+        if args.final_eval:
+            held_out = os.path.join(args.out, f"held_out_{args.final_eval}.jsonl")
+            final_eval.write_held_out(base, args.final_eval, held_out)
         done = {(s["arm"], s["seed"]) for s in summaries}
         for seed in args.seeds:
             if all((arm, seed) in done for arm in args.arms):
@@ -134,13 +177,20 @@ def main(argv=None) -> None:
                 root = os.path.join(args.out, "runs", f"{arm}_s{seed}")
                 os.makedirs(root, exist_ok=True)
                 cfg_path = os.path.join(root, "config.yaml")
+                cfg = build_arm_config(base, arm, seed, settings, root)
+                if held_out:
+                    cfg["checkpoint"] = {"save_last": True, "save_top_k": 0}  # the final weights, for --final-eval
                 with open(cfg_path, "w") as f:
-                    yaml.safe_dump(build_arm_config(base, arm, seed, settings, root), f, sort_keys=False)
+                    yaml.safe_dump(cfg, f, sort_keys=False)
                 start = time.time()
                 print(f"[compare] {arm} seed {seed} ...", flush=True)
                 run([sys.executable, "-m", "ibpo_lit", "fit", "--config", cfg_path], os.path.join(root, "log.txt"))
                 summary = summarize_run(root, arm, seed, baseline_val=baseline)
                 summary["wall_seconds"] = time.time() - start
+                if held_out:
+                    summary.update(evaluate_final_checkpoint(cfg, root, seed, args, held_out))
+                    untrained = untrained_evaluation(base, settings, args, held_out)
+                    summary["baseline_eval"] = untrained["final_eval"]
                 summary["command"] = " ".join(["python", "scripts/compare.py", *(argv or sys.argv[1:])])
                 summaries = record_summary(summary_path, summary)
                 print(f"[compare] {arm} seed {seed}: {summary['steps']} steps, final reward "
@@ -155,11 +205,29 @@ def main(argv=None) -> None:
         if ratio:
             lines.append(f"- gradient-variance trace, {arm} / {baseline} (paired by seed): "
                          f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]")
+        line = final_eval_line(summaries, arm, baseline)
+        if line:
+            lines.append(line)
     report = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "compare.md"), "w") as f:
         f.write(report)
     plot(summaries, os.path.join(args.out, "compare.png"))
     print(report)
+
+
+def final_eval_line(summaries: list[dict], arm: str, baseline: str | None) -> str | None:
+    """The ``--final-eval`` difference of ``arm`` to ``baseline``, paired by seed and problem."""
+    if baseline is None:
+        return None
+    runs = [s for s in summaries if s["arm"] == arm]
+    diff = final_eval.paired_difference(runs, [s for s in summaries if s["arm"] == baseline])
+    if diff is None:
+        return None
+    mean, low, high, seeds = diff
+    first = next(s for s in runs if s.get("final_eval_correct") is not None)
+    return (f"- final validation, {arm} - {baseline} ({first['final_eval_problems']} problems x "
+            f"{first['final_eval_k']} samples, {first['final_eval_backend']}, {seeds} seeds, paired by seed and "
+            f"problem): {mean:+.3f} [{low:+.3f}, {high:+.3f}]")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ What is not covered:
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 Op = Literal["+", "-", "*"]
@@ -73,6 +73,16 @@ def _operand(rng: random.Random, cfg: ArithmeticConfig) -> int:
         if hi < lo:  # this digit count is entirely above the cap: use the smallest allowed count
             lo, hi = _smallest(cfg.min_digits), min(10**cfg.min_digits - 1, cfg.max_operand)
     return rng.randint(lo, hi)
+
+
+HELD_OUT_SEED_OFFSET = 1_000_003  # validation's stream: a seed no training stream is likely to use
+
+
+def held_out(cfg: ArithmeticConfig) -> ArithmeticConfig:
+    """The held-out stream of ``cfg``: the same kind of problems, drawn from another seed.
+    Validation (``data.val_size``) scores its first problems; `scripts/compare.py --final-eval`
+    evaluates more of them."""
+    return replace(cfg, seed=cfg.seed + HELD_OUT_SEED_OFFSET)
 
 
 def arithmetic_problem(index: int, cfg: ArithmeticConfig) -> tuple[str, str]:

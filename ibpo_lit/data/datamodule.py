@@ -25,7 +25,6 @@ What is not covered:
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 from typing import Any, Literal
@@ -33,7 +32,7 @@ from typing import Any, Literal
 import lightning as L
 from torch.utils.data import DataLoader
 
-from ibpo_lit.data.arithmetic import ArithmeticConfig, arithmetic_problem
+from ibpo_lit.data.arithmetic import ArithmeticConfig, arithmetic_problem, held_out
 from ibpo_lit.data.prompt import Prompt, collate_prompts
 from ibpo_lit.data.prompt_builder import LONG_PROMPT_POLICIES, PromptBuilder
 from ibpo_lit.data.records import (
@@ -345,9 +344,9 @@ class PromptDataModule(L.LightningDataModule):
                 self.val_path, self.val_source, self.record_format, file_fmt=self.val_format,
                 config=self.val_config, split=self.val_split, on_bad_record=self.on_bad_record, role="val")
         elif self.val_size > 0:
-            held_out = dataclasses.replace(self.arithmetic, seed=self.arithmetic.seed + 1_000_003)
+            stream = held_out(self.arithmetic)
             records = (Record(text, gold, f"val-arithmetic:{i}", {"answer": gold})
-                       for i, (text, gold) in ((i, arithmetic_problem(i, held_out)) for i in itertools.count()))
+                       for i, (text, gold) in ((i, arithmetic_problem(i, stream)) for i in itertools.count()))
         else:
             return []
         prompts = []

@@ -22,6 +22,12 @@ TABLE_COLUMNS = [
     ("cov_y_phi_negative_share", "Cov(Y,phi)<0 share", "{:.2f}"),
 ]
 
+# `scripts/compare.py --final-eval`: shown when some run has them.
+FINAL_EVAL_COLUMNS = [
+    ("baseline_eval", "final-eval @0", "{:.3f}"),
+    ("final_eval", "final-eval, end", "{:.3f}"),
+]
+
 
 def by_arm(summaries: list[dict]) -> dict[str, list[dict]]:
     arms: dict[str, list[dict]] = defaultdict(list)
@@ -32,11 +38,12 @@ def by_arm(summaries: list[dict]) -> dict[str, list[dict]]:
 
 def markdown_table(summaries: list[dict]) -> str:
     """One row per arm: mean [95% bootstrap CI] over its seeds for each column."""
-    header = "| arm | seeds | " + " | ".join(title for _, title, _ in TABLE_COLUMNS) + " |"
-    lines = [header, "|" + " --- |" * (len(TABLE_COLUMNS) + 2)]
+    columns = TABLE_COLUMNS + [c for c in FINAL_EVAL_COLUMNS if any(s.get(c[0]) is not None for s in summaries)]
+    header = "| arm | seeds | " + " | ".join(title for _, title, _ in columns) + " |"
+    lines = [header, "|" + " --- |" * (len(columns) + 2)]
     for arm, runs in by_arm(summaries).items():
         cells = []
-        for key, _, fmt in TABLE_COLUMNS:
+        for key, _, fmt in columns:
             scale = 1e-12 if key == "flops" else 1.0
             cells.append(ci_cell([r.get(key) for r in runs], fmt, scale))
         lines.append(f"| {arm} | {len(runs)} | " + " | ".join(cells) + " |")

@@ -43,3 +43,27 @@ def test_compare_runs_every_arm_to_the_same_budget_and_reports(tmp_path):
     # the call that added an arm read the untrained model's score back instead of re-scoring it
     assert [p.name for p in (out / "runs" / "baseline_s0" / "lightning_logs").iterdir()] == ["version_0"]
     assert all(s["baseline_val"] == summaries[0]["baseline_val"] for s in json.loads((out / "summary.json").read_text()))
+
+
+@pytest.mark.slow
+def test_final_eval_scores_each_runs_last_checkpoint_on_the_held_out_stream(tmp_path):
+    out = tmp_path / "cmp"
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "compare.py"), "--base", os.path.join(ROOT, "configs", "tiny.yaml"),
+           "--seeds", "0", "--budget-flops", "3e8", "--val-size", "2", "--val-every", "2", "--small-group", "2",
+           "--final-eval", "5", "--final-eval-k", "2", "--final-eval-backend", "hf", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    summaries = json.loads((out / "summary.json").read_text())
+    untrained = json.loads((out / "runs" / "baseline_eval" / "n5_k2_hf.json").read_text())
+    assert untrained["ckpt"] is None and untrained["decoding"]["max_new_tokens"] == 24  # tiny.yaml's rollout
+    for s in summaries:
+        result = json.loads((out / "runs" / f"{s['arm']}_s0" / "final_eval.json").read_text())
+        assert result["ckpt"].endswith(os.path.join(f"{s['arm']}_s0", "checkpoints", "last.ckpt"))
+        assert (result["n_problems"], result["k"], result["backend"], result["seed"]) == (5, 2, "hf", 0)
+        assert s["final_eval"] == result["avg@k"] and len(s["final_eval_correct"]) == 5
+        assert all(0 <= c <= 2 for c in s["final_eval_correct"])
+        assert s["baseline_eval"] == untrained["avg@k"]
+        assert not (out / "runs" / f"{s['arm']}_s0" / "checkpoints" / "last.ckpt").exists()  # deleted after
+    table = (out / "compare.md").read_text()
+    assert "final-eval, end" in table
+    assert "- final validation, ibpo_plain - gspo_large_group (5 problems x 2 samples, hf, 1 seeds" in table
