@@ -236,6 +236,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
         with tempfile.TemporaryDirectory(prefix="ibpo_variance_runs_") as root:
             for method in args.methods:
                 results[method] = measure(base, method, args, os.path.join(root, method))
+                print(f"[variance] {method}: {args.batches} batches, "
+                      f"{results[method]['seconds_per_batch']:.1f} s each", flush=True)
     finally:
         os.unlink(args.problems_file)
     ratios = comparison(results, args.baseline)
