@@ -37,7 +37,7 @@ from lightning.pytorch.callbacks import Callback
 
 from ibpo_lit.algorithms.diagnostics import estimate_flops
 from ibpo_lit.experiments.arms import ARMS, ArmSettings
-from ibpo_lit.experiments.variance import summarize
+from ibpo_lit.experiments.variance import bootstrap_ratio, summarize
 
 DEFAULT_METHODS = ["gspo", "gspo_large_group", "ibpo_plain", "ibpo_ratio", "ibpo_mask", "gspo_ciw"]
 # Callbacks that log, stop or measure on their own; the measurement needs none of them.
@@ -150,7 +150,8 @@ def measure(base: dict, method: str, args, root: str) -> dict:
     parts = torch.stack([torch.stack([batch[u] for u in uids]) for batch in collector.parts])  # [M, P, D]
     out = summarize(parts, sum(collector.rows) / len(collector.rows), sum(collector.flops) / len(collector.flops),
                     n_resamples=args.n_resamples, seed=args.seed)
-    out.update({"method": method, "seconds_per_batch": seconds / len(collector.parts),
+    out.update({"method": method, "prompt_ids": [str(u) for u in uids],
+                "seconds_per_batch": seconds / len(collector.parts),
                 "group_size": cli.model.rollout_cfg.group_size})
     return out
 
@@ -169,25 +170,45 @@ def write_problems(path: str, num_prompts: int, offset: int, repeat: bool) -> st
     return out
 
 
-def comparison(results: dict[str, dict], baseline: str) -> dict[str, dict]:
-    """Each method against ``baseline``: trace ratios at equal batches, equal rows, equal FLOPs."""
+def comparison(results: dict[str, dict], baseline: str, n_resamples: int = 1000, seed: int = 0) -> dict[str, dict]:
+    """Each method against ``baseline``: trace ratios at equal batches, equal rows, equal FLOPs,
+    with 95% intervals paired by prompt (``bootstrap_ratio``) when both measured the same prompts."""
     if baseline not in results:
         return {}
     ref = results[baseline]
-    return {m: {"trace_ratio": r["trace_cov"] / ref["trace_cov"],
-                "trace_ratio_equal_rows": r["trace_cov_x_rows"] / ref["trace_cov_x_rows"],
-                "trace_ratio_equal_flops": r["trace_cov_x_flops"] / ref["trace_cov_x_flops"],
-                "cosine_minus_baseline": r["cosine_to_mean"] - ref["cosine_to_mean"]}
-            for m, r in results.items() if ref["trace_cov"] > 0}
-
-
-def markdown(results: dict[str, dict], ratios: dict[str, dict]) -> str:
-    head = ("| method | G | rows | trace Cov [95% CI] | vs baseline (batch / equal rows / equal FLOPs) "
-            "| cosine to mean [95% CI] | s/batch |")
-    lines = [head, "|" + " --- |" * 7]
+    if ref["trace_cov"] <= 0:
+        return {}
+    out = {}
     for m, r in results.items():
-        q = ratios.get(m, {})
-        vs = " / ".join(f"{q[k]:.2f}" for k in ("trace_ratio", "trace_ratio_equal_rows", "trace_ratio_equal_flops")) if q else "-"
+        row = {"trace_ratio": r["trace_cov"] / ref["trace_cov"],
+               "trace_ratio_equal_rows": r["trace_cov_x_rows"] / ref["trace_cov_x_rows"],
+               "trace_ratio_equal_flops": r["trace_cov_x_flops"] / ref["trace_cov_x_flops"],
+               "cosine_minus_baseline": r["cosine_to_mean"] - ref["cosine_to_mean"]}
+        if "prompt_grams" in r and "prompt_grams" in ref and r.get("prompt_ids") == ref.get("prompt_ids"):
+            lo, hi = bootstrap_ratio(torch.tensor(r["prompt_grams"]), torch.tensor(ref["prompt_grams"]),
+                                     n_resamples, seed)
+            # Rows and FLOPs per batch are each method's means: constants that scale the interval.
+            for key, scale in (("trace_ratio", 1.0),
+                               ("trace_ratio_equal_rows", r["rows_per_batch"] / ref["rows_per_batch"]),
+                               ("trace_ratio_equal_flops", r["flops_per_batch"] / ref["flops_per_batch"])):
+                row[key + "_ci"] = [lo * scale, hi * scale]
+        out[m] = row
+    return out
+
+
+def _ratio(q: dict, key: str) -> str:
+    ci = q.get(key + "_ci")
+    return f"{q[key]:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+
+def markdown(results: dict[str, dict], ratios: dict[str, dict], baseline: str = "gspo") -> str:
+    head = (f"| method | G | rows | trace Cov [95% CI] | / {baseline}, per batch | / {baseline}, equal rows "
+            f"| / {baseline}, equal FLOPs | cosine to mean [95% CI] | s/batch |")
+    lines = [head, "|" + " --- |" * 9]
+    for m, r in results.items():
+        q = ratios.get(m)
+        vs = " | ".join(_ratio(q, k) for k in ("trace_ratio", "trace_ratio_equal_rows", "trace_ratio_equal_flops")) \
+            if q else "- | - | -"
         lines.append(f"| {m} | {r['group_size']} | {r['rows_per_batch']:.0f} | {r['trace_cov']:.3g} "
                      f"[{r['trace_cov_ci'][0]:.3g}, {r['trace_cov_ci'][1]:.3g}] | {vs} | {r['cosine_to_mean']:.3f} "
                      f"[{r['cosine_to_mean_ci'][0]:.3f}, {r['cosine_to_mean_ci'][1]:.3f}] | {r['seconds_per_batch']:.1f} |")
@@ -240,11 +261,11 @@ def main(argv: Optional[list[str]] = None) -> dict:
                       f"{results[method]['seconds_per_batch']:.1f} s each", flush=True)
     finally:
         os.unlink(args.problems_file)
-    ratios = comparison(results, args.baseline)
+    ratios = comparison(results, args.baseline, args.n_resamples, args.seed)
     report = {"command": " ".join(["python", "scripts/variance_at_fixed_policy.py", *(argv or sys.argv[1:])]),
               "settings": {k: v for k, v in vars(args).items() if k != "problems_file"},
               "results": results, "vs_baseline": ratios}
-    print(markdown(results, ratios))
+    print(markdown(results, ratios, args.baseline))
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

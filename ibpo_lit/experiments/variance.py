@@ -10,7 +10,8 @@ sum is the batch gradient exactly). From the [M, P, D] parts:
 - ``cosine_to_mean``: each batch gradient's cosine to the mean of the OTHER batches (leave one
   out, so a batch is not compared with itself): a signal-to-noise measure that does not depend
   on the gradient's scale;
-- ``bootstrap_trace``: a 95% percentile interval of the trace over seeds and prompts at once.
+- ``bootstrap_trace``: a 95% percentile interval of the trace over seeds and prompts at once
+  (``bootstrap_ratio``: of one method's trace over another's, prompts drawn for both at once).
   The trace is ``sum_p v_p`` plus cross-prompt covariances, where ``v_p`` is prompt p's own
   trace across batches; the cross terms are 0 in expectation when each prompt's rollouts have
   their own seeds and their advantages are normalised within the prompt's group (the
@@ -51,10 +52,24 @@ def batch_gradients(parts: Tensor) -> Tensor:
     return parts.sum(dim=1)
 
 
+def prompt_grams(parts: Tensor) -> Tensor:
+    """[P, M, M] each prompt's Gram matrix of its parts across batches, ``<g_{i,p}, g_{j,p}>``.
+    Everything the trace and its bootstrap need, in P*M*M numbers instead of P*M*D: the results
+    keep them, so two methods can be compared with intervals after the fact."""
+    g = parts.double()
+    return torch.einsum("ipd,jpd->pij", g, g)
+
+
+def gram_trace(gram: Tensor) -> Tensor:
+    """The unbiased trace of covariance of M vectors from their Gram matrix [..., M, M]:
+    ``sum_i |g_i - mean|^2 / (M - 1) = (tr G - sum(G) / M) / (M - 1)``."""
+    m = gram.shape[-1]
+    return (gram.diagonal(dim1=-2, dim2=-1).sum(-1) - gram.sum(dim=(-2, -1)) / m) / (m - 1)
+
+
 def prompt_traces(parts: Tensor) -> Tensor:
     """[P] each prompt's own trace of covariance across the M batches (unbiased)."""
-    g = parts.double()
-    return ((g - g.mean(dim=0, keepdim=True)) ** 2).sum(dim=(0, 2)) / (g.shape[0] - 1)
+    return gram_trace(prompt_grams(parts))
 
 
 def _percentiles(values: list[float], confidence: float) -> tuple[float, float]:
@@ -70,15 +85,48 @@ def _resampled_rows(m: int, generator: torch.Generator) -> Tensor:
             return rows
 
 
+def _resampled_trace(grams: Tensor, rows: Tensor, prompts: Tensor) -> float:
+    """The trace of a resample: the drawn prompts' own traces over the drawn batches."""
+    return float(gram_trace(grams[:, rows][:, :, rows])[prompts].sum())
+
+
 def bootstrap_trace(parts: Tensor, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95) -> tuple[float, float]:
     """Percentile interval of the trace, batches and prompts resampled (see the module docstring)."""
-    m, p = parts.shape[:2]
+    return bootstrap_trace_from_grams(prompt_grams(parts), n_resamples, seed, confidence)
+
+
+def bootstrap_trace_from_grams(grams: Tensor, n_resamples: int = 1000, seed: int = 0,
+                               confidence: float = 0.95) -> tuple[float, float]:
+    p, m = grams.shape[:2]
     generator = torch.Generator().manual_seed(seed)
     values = []
     for _ in range(n_resamples):
         rows = _resampled_rows(m, generator)
         prompts = torch.randint(p, (p,), generator=generator)
-        values.append(float(prompt_traces(parts[rows])[prompts].sum()))
+        values.append(_resampled_trace(grams, rows, prompts))
+    return _percentiles(values, confidence)
+
+
+def bootstrap_ratio(grams_a: Tensor, grams_b: Tensor, n_resamples: int = 1000, seed: int = 0,
+                    confidence: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of ``trace_a / trace_b`` for two methods measured on the same prompts.
+    The prompts are drawn once per resample for both (paired: how hard a prompt is, the largest
+    source of spread, cancels in the ratio), each method's batches are drawn on their own (they
+    are independent rollouts)."""
+    if grams_a.shape[0] != grams_b.shape[0]:
+        raise ValueError(f"the methods were measured on {grams_a.shape[0]} and {grams_b.shape[0]} prompts")
+    p = grams_a.shape[0]
+    generator = torch.Generator().manual_seed(seed)
+    values = []
+    for _ in range(n_resamples):
+        rows_a = _resampled_rows(grams_a.shape[1], generator)
+        rows_b = _resampled_rows(grams_b.shape[1], generator)
+        prompts = torch.randint(p, (p,), generator=generator)
+        denominator = _resampled_trace(grams_b, rows_b, prompts)
+        if denominator > 0:  # a resample whose baseline drew only zero-gradient prompts has no ratio
+            values.append(_resampled_trace(grams_a, rows_a, prompts) / denominator)
+    if not values:
+        raise ValueError("the baseline's gradient is zero on every resample")
     return _percentiles(values, confidence)
 
 
@@ -104,7 +152,8 @@ def summarize(parts: Tensor, rows_per_batch: float, flops_per_batch: float, n_re
     grads = batch_gradients(parts)
     trace = trace_cov(grads)
     cos = cosine_to_mean(grads)
-    trace_ci = bootstrap_trace(parts, n_resamples, seed)
+    grams = prompt_grams(parts)
+    trace_ci = bootstrap_trace_from_grams(grams, n_resamples, seed)
     cos_ci = bootstrap_cosine(parts, n_resamples, seed)
     return {
         "batches": int(parts.shape[0]),
@@ -122,4 +171,5 @@ def summarize(parts: Tensor, rows_per_batch: float, flops_per_batch: float, n_re
         "trace_cov_x_rows_ci": [v * rows_per_batch for v in trace_ci],
         "trace_cov_x_flops": trace * flops_per_batch,
         "trace_cov_x_flops_ci": [v * flops_per_batch for v in trace_ci],
+        "prompt_grams": grams.tolist(),  # for paired intervals between methods (bootstrap_ratio)
     }

@@ -4,8 +4,11 @@ import torch
 
 from ibpo_lit.experiments.variance import (
     batch_gradients,
+    bootstrap_ratio,
     bootstrap_trace,
     cosine_to_mean,
+    gram_trace,
+    prompt_grams,
     prompt_traces,
     summarize,
     trace_cov,
@@ -63,3 +66,29 @@ def test_the_cosine_interval_holds_the_estimate():
     point = float(cosine_to_mean(batch_gradients(parts)).mean())
     lo, hi = bootstrap_cosine(parts, n_resamples=400, seed=0)
     assert lo < point < hi
+
+
+def test_the_gram_matrices_give_the_same_trace_as_the_vectors():
+    parts, _ = _iid_parts(7, 3, seed=4)
+    grams = prompt_grams(parts)
+    assert grams.shape == (3, 7, 7)
+    for p in range(3):
+        assert float(gram_trace(grams[p])) == pytest.approx(trace_cov(parts[:, p]), rel=1e-10)
+
+
+def test_the_ratio_interval_is_paired_by_prompt():
+    # Prompts of very different difficulty (gradient scales 0.1 to 30): each method's own
+    # interval spans that spread, the paired ratio cancels it. Method a is method b at half the
+    # scale: its trace is 1/4 of b's on every prompt.
+    g = torch.Generator().manual_seed(5)
+    scales = torch.tensor([0.1, 1.0, 3.0, 30.0], dtype=torch.float64)[None, :, None]
+    b = scales * torch.randn(16, 4, 6, generator=g, dtype=torch.float64)
+    a = 0.5 * scales * torch.randn(16, 4, 6, generator=g, dtype=torch.float64)
+    lo, hi = bootstrap_ratio(prompt_grams(a), prompt_grams(b), n_resamples=400, seed=0)
+    assert lo < 0.25 < hi
+    assert hi < 1.0  # the claim "a has lower variance" is resolved
+    a_lo, a_hi = bootstrap_trace(a, n_resamples=400, seed=0)
+    b_lo, b_hi = bootstrap_trace(b, n_resamples=400, seed=0)
+    assert a_hi > b_lo  # unpaired, the two methods' intervals overlap: the pairing is what resolves it
+    with pytest.raises(ValueError, match="prompts"):
+        bootstrap_ratio(prompt_grams(a), prompt_grams(b[:, :3]))

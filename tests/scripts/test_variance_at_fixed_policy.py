@@ -57,3 +57,11 @@ def test_ibpo_batches_carry_their_corrections(tmp_path, load_script, parity_rewa
     assert ibpo["rows_per_batch"] > gspo["rows_per_batch"] == 16  # correction samples trained jointly
     assert ibpo["flops_per_batch"] > gspo["flops_per_batch"]  # their generation counts
     assert report["vs_baseline"]["gspo"]["trace_ratio"] == 1.0
+    # intervals paired by prompt, scaled by each comparison's cost ratio
+    q = report["vs_baseline"]["ibpo_plain"]
+    lo, hi = q["trace_ratio_ci"]
+    assert 0 <= lo <= hi
+    rows = ibpo["rows_per_batch"] / gspo["rows_per_batch"]
+    assert q["trace_ratio_equal_rows_ci"] == pytest.approx([lo * rows, hi * rows])
+    assert ibpo["prompt_ids"] == gspo["prompt_ids"] and len(ibpo["prompt_grams"]) == 2
+    assert f"{q['trace_ratio']:.2f} [{lo:.2f}, {hi:.2f}]" in script.markdown(report["results"], report["vs_baseline"])
