@@ -4,6 +4,7 @@
         --problems ../shared/data/gsm8k_train.jsonl --num_prompts 4 --batches 16 \\
         --methods gspo gspo_large_group ibpo_plain ibpo_ratio ibpo_mask gspo_ciw \\
         [--ckpt_path runs/x/checkpoints/last.ckpt] --out results/variance/untrained.json
+    python scripts/variance_at_fixed_policy.py --report results/variance/untrained.json
 
 For each method (an arm of ``ibpo_lit.experiments.arms``: GSPO at the small group G, GSPO at 4G,
 IBPO plain/ratio/mask at G, GSPO + CIW at G) it runs the real training step on the same
@@ -37,7 +38,7 @@ from lightning.pytorch.callbacks import Callback
 
 from ibpo_lit.algorithms.diagnostics import estimate_flops
 from ibpo_lit.experiments.arms import ARMS, ArmSettings
-from ibpo_lit.experiments.variance import bootstrap_ratio, summarize
+from ibpo_lit.experiments.variance import bootstrap_ratio, signal_to_noise, summarize
 
 DEFAULT_METHODS = ["gspo", "gspo_large_group", "ibpo_plain", "ibpo_ratio", "ibpo_mask", "gspo_ciw"]
 # Callbacks that log, stop or measure on their own; the measurement needs none of them.
@@ -203,22 +204,26 @@ def _ratio(q: dict, key: str) -> str:
 
 def markdown(results: dict[str, dict], ratios: dict[str, dict], baseline: str = "gspo") -> str:
     head = (f"| method | G | rows | trace Cov [95% CI] | / {baseline}, per batch | / {baseline}, equal rows "
-            f"| / {baseline}, equal FLOPs | cosine to mean [95% CI] | s/batch |")
-    lines = [head, "|" + " --- |" * 9]
+            f"| / {baseline}, equal FLOPs | cosine to mean [95% CI] | signal/noise | s/batch |")
+    lines = [head, "|" + " --- |" * 10]
     for m, r in results.items():
         q = ratios.get(m)
         vs = " | ".join(_ratio(q, k) for k in ("trace_ratio", "trace_ratio_equal_rows", "trace_ratio_equal_flops")) \
             if q else "- | - | -"
         lines.append(f"| {m} | {r['group_size']} | {r['rows_per_batch']:.0f} | {r['trace_cov']:.3g} "
                      f"[{r['trace_cov_ci'][0]:.3g}, {r['trace_cov_ci'][1]:.3g}] | {vs} | {r['cosine_to_mean']:.3f} "
-                     f"[{r['cosine_to_mean_ci'][0]:.3f}, {r['cosine_to_mean_ci'][1]:.3f}] | {r['seconds_per_batch']:.1f} |")
+                     f"[{r['cosine_to_mean_ci'][0]:.3f}, {r['cosine_to_mean_ci'][1]:.3f}] "
+                     f"| {signal_to_noise(r['mean_grad_sq_norm'], r['trace_cov'], r['batches']):.2f} "
+                     f"| {r['seconds_per_batch']:.1f} |")
     return "\n".join(lines)
 
 
 def parse_args(argv: Optional[list[str]] = None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="base fit config (model, decoding, IBPO settings)")
-    parser.add_argument("--problems", required=True, help="JSONL problems in the config's data fields")
+    parser.add_argument("--config", help="base fit config (model, decoding, IBPO settings)")
+    parser.add_argument("--problems", help="JSONL problems in the config's data fields")
+    parser.add_argument("--report", metavar="JSON", default=None,
+                        help="measure nothing: print the table of a saved --out file, its ratios recomputed")
     parser.add_argument("--num_prompts", type=int, default=4)
     parser.add_argument("--offset", type=int, default=0, help="first record of --problems used")
     parser.add_argument("--repeat_one", action="store_true",
@@ -235,11 +240,26 @@ def parse_args(argv: Optional[list[str]] = None):
     parser.add_argument("--out", default=None, help="write the results JSON here")
     parser.add_argument("--overrides", nargs="*", default=[],
                         help="dotted config keys set on the base, e.g. model.rollout.sampling.max_new_tokens=64")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.report is None and (args.config is None or args.problems is None):
+        parser.error("--config and --problems are required (or --report JSON)")
+    return args
+
+
+def report_table(path: str, n_resamples: int, seed: int) -> str:
+    """The table of a saved run, with the intervals this version of the script computes."""
+    with open(path) as f:
+        saved = json.load(f)
+    baseline = saved["settings"]["baseline"]
+    return markdown(saved["results"], comparison(saved["results"], baseline, n_resamples, seed), baseline)
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
     args = parse_args(argv)
+    if args.report is not None:
+        table = report_table(args.report, args.n_resamples, args.seed)
+        print(table)
+        return {"table": table}
     if args.batches < 2:
         raise SystemExit("--batches must be >= 2 (a covariance needs two batches)")
     with open(args.config) as f:

@@ -47,6 +47,15 @@ def cosine_to_mean(grads: Tensor) -> Tensor:
     return torch.nn.functional.cosine_similarity(g, others, dim=1)
 
 
+def signal_to_noise(mean_grad_sq_norm: float, trace: float, batches: int) -> float:
+    """``|E g|^2 / tr Cov(g)`` from a method's numbers, scale-free: a method whose loss divides by
+    more rows (IBPO's batch holds its corrections too) shrinks its gradient's mean and its
+    covariance alike, and only this ratio (like the cosine) tells more signal from a smaller
+    gradient. ``|mean|^2`` of M batches overestimates ``|E g|^2`` by ``tr Cov / M``; that is
+    taken off."""
+    return (mean_grad_sq_norm - trace / batches) / trace if trace > 0 else float("nan")
+
+
 def batch_gradients(parts: Tensor) -> Tensor:
     """[M, D] batch gradients from per-prompt parts [M, P, D]."""
     return parts.sum(dim=1)

@@ -10,6 +10,7 @@ from ibpo_lit.experiments.variance import (
     gram_trace,
     prompt_grams,
     prompt_traces,
+    signal_to_noise,
     summarize,
     trace_cov,
 )
@@ -92,3 +93,20 @@ def test_the_ratio_interval_is_paired_by_prompt():
     assert a_hi > b_lo  # unpaired, the two methods' intervals overlap: the pairing is what resolves it
     with pytest.raises(ValueError, match="prompts"):
         bootstrap_ratio(prompt_grams(a), prompt_grams(b[:, :3]))
+
+
+def test_signal_to_noise_does_not_change_with_the_gradients_scale():
+    parts, trace_sigma = _iid_parts(3000, 4, seed=6)
+    mu_sq = float((torch.linspace(-1, 1, 6, dtype=torch.float64) ** 2).sum())
+    expected = mu_sq / (trace_sigma / 4)  # the batch gradient is a mean of 4 i.i.d. draws
+    for scale in (1.0, 0.1):  # a loss divided by 10x the rows: mean and noise shrink together
+        s = summarize(scale * parts[:400], rows_per_batch=4, flops_per_batch=1.0, n_resamples=10)
+        snr = signal_to_noise(s["mean_grad_sq_norm"], s["trace_cov"], s["batches"])
+        assert snr == pytest.approx(expected, rel=0.2)
+    # few batches: the |mean|^2 bias (trace / M) is taken off, so the estimate stays unbiased
+    grads = batch_gradients(parts)
+    few = [signal_to_noise(float((grads[i:i + 4].mean(dim=0) ** 2).sum()), trace_sigma / 4, 4)
+           for i in range(0, 3000, 4)]
+    assert sum(few) / len(few) == pytest.approx(expected, rel=0.1)
+    biased = [float((grads[i:i + 4].mean(dim=0) ** 2).sum()) / (trace_sigma / 4) for i in range(0, 3000, 4)]
+    assert sum(biased) / len(biased) > 1.1 * expected  # without the correction it would not be

@@ -65,3 +65,9 @@ def test_ibpo_batches_carry_their_corrections(tmp_path, load_script, parity_rewa
     assert q["trace_ratio_equal_rows_ci"] == pytest.approx([lo * rows, hi * rows])
     assert ibpo["prompt_ids"] == gspo["prompt_ids"] and len(ibpo["prompt_grams"]) == 2
     assert f"{q['trace_ratio']:.2f} [{lo:.2f}, {hi:.2f}]" in script.markdown(report["results"], report["vs_baseline"])
+    # a saved run's table is rebuilt from its JSON alone, intervals included
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(report))
+    assert script.main(["--report", str(saved)])["table"] == script.markdown(report["results"], report["vs_baseline"])
+    with pytest.raises(SystemExit):
+        script.main(["--problems", GSM8K])  # neither a config nor --report
