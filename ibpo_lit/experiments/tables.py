@@ -49,6 +49,7 @@ class Column:
     title: str
     fmt: str
     scale: float = 1.0
+    optional: bool = False  # shown only when some row of the table has a value
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class TableSpec:
 _VAL = (
     Column("final_val", "val acc, end", "{:.3f}"),
     Column(VAL_GAIN, "val gain vs step 0", "{:+.3f}"),
+    # `compare.py --final-eval`: the last checkpoint on N held-out problems x k (compare.md has N, k)
+    Column("final_eval", "final-eval, end", "{:.3f}", optional=True),
 )
 _COST = (Column("steps", "steps", "{:.1f}"), Column("flops", "TFLOP", "{:.1f}", 1e-12))
 IBPO_COLUMNS = (
@@ -177,12 +180,15 @@ def table_markdown(spec: TableSpec, summaries: Sequence[dict], image: str | None
         out += [spec.caption, ""]
     out += ["Runs from " + ", ".join(f"`{c}`" for c in comparisons) + ". Each cell: mean [95% bootstrap CI] over seeds.", ""]
     several = len(comparisons) > 1  # an arm may then appear once per comparison: say which
-    cols = ["arm", *(["comparison"] if several else []), "seeds", *(c.title for c in spec.columns)]
+    shown = [i for i, c in enumerate(spec.columns)
+             if not c.optional or any(r["n"] and r["cells"][i] != "-" for r in rows)]
+    cols = ["arm", *(["comparison"] if several else []), "seeds", *(spec.columns[i].title for i in shown)]
     body = []
     for r in rows:
         seeds = str(r["n"]) if r["n"] else "not run"
         label = seeds_label(r["label"], r["n"]) if r["n"] else r["label"]
-        body.append([label, *([r["comparison"]] if several else []), seeds, *r["cells"]])
+        cells = [r["cells"][i] for i in shown] if r["n"] else [""] * len(shown)
+        body.append([label, *([r["comparison"]] if several else []), seeds, *cells])
     out.append(markdown_rows(cols, body))
     notes = _notes(spec, rows)
     if notes:

@@ -75,7 +75,9 @@ def test_markdown_marks_few_seeds_and_lists_arms_not_run():
     assert table.startswith("### Ablations (IBPO Table 3)")
     assert row(table, "ibpo_plain").startswith("| ibpo_plain | 3 | 0.500 [0.500, 0.500] | +0.250 [+0.250, +0.250] |")
     assert row(table, "k1 *(n=2)*").startswith("| k1 *(n=2)* | 2 |")
-    assert row(table, "shaping_only") == "| shaping_only | not run |" + "  |" * len(SPECS["ablations"].columns)
+    shown = [c for c in SPECS["ablations"].columns if not c.optional]  # no run has a final-eval
+    assert row(table, "shaping_only") == "| shaping_only | not run |" + "  |" * len(shown)
+    assert "final-eval" not in table
     assert "*(n=k)*: fewer than 3 seeds" in table
     assert "k1 / gspo_large_group" in table  # the note names each pairing
     assert row(table, "ibpo_plain").split(" | ")[-3] == "-"  # no gspo_large_group run: no ratio
@@ -103,6 +105,16 @@ def test_an_arm_of_two_comparisons_gets_a_row_per_comparison_never_pooled():
     assert next(r for r in rows if r["label"] == "gspo_large_group")["cells"][ratio_col] == "baseline"
     table = table_markdown(SPECS["baselines"], summaries)
     assert "| arm | comparison | seeds |" in table and "| ibpo_plain *(n=1)* | results/b | 1 | 0.800 |" in table
+
+
+def test_the_final_eval_column_appears_when_a_run_has_one():
+    summaries = [run("gspo_large_group", s, final_eval=0.3 + 0.1 * s) for s in range(3)] + [run("ibpo_plain", 0)]
+    table = table_markdown(SPECS["baselines"], summaries)
+    header = next(line for line in table.splitlines() if line.startswith("| arm |"))
+    assert header.startswith("| arm | seeds | val acc, end | val gain vs step 0 | final-eval, end | reward, last 3 |")
+    assert row(table, "gspo_large_group").split(" | ")[4] == cell([0.3, 0.4, 0.5])
+    assert row(table, "ibpo_plain *(n=1)*").split(" | ")[4] == "-"  # this run was not evaluated
+    assert len(row(table, "ibpo_ratio").split("|")) == len(header.split("|"))  # not-run rows fill it too
 
 
 def test_ciw_arms_pair_with_their_optimizer_without_ciw():
