@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import json
 import os
 import re
@@ -56,6 +57,7 @@ class GradientParts(Callback):
         self.parts: list[dict[str, torch.Tensor]] = []  # per batch: prompt uid -> [D]
         self.rows: list[int] = []
         self.flops: list[float] = []
+        self.rollout_digests: list[str] = []  # per batch: which rollouts were sampled
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if self.ckpt_path is not None:
@@ -92,6 +94,10 @@ class GradientParts(Callback):
             parts[prompt.uid] = grad
         self.parts.append(parts)
         self.rows.append(len(batch))
+        # Methods at the same G sample the same rollouts in batch m (the seeds are a function of
+        # seed, step and row): the digest shows it; the ratios' intervals, paired by batch, rely on it.
+        tokens = step.rollouts.response_ids.cpu().numpy().tobytes()
+        self.rollout_digests.append(hashlib.sha1(tokens).hexdigest()[:12])
         corrections = step.corrections
         lengths = batch.prompt_mask.sum(dim=1) + batch.response_mask.sum(dim=1)
         self.flops.append(estimate_flops(
@@ -151,7 +157,7 @@ def measure(base: dict, method: str, args, root: str) -> dict:
     parts = torch.stack([torch.stack([batch[u] for u in uids]) for batch in collector.parts])  # [M, P, D]
     out = summarize(parts, sum(collector.rows) / len(collector.rows), sum(collector.flops) / len(collector.flops),
                     n_resamples=args.n_resamples, seed=args.seed)
-    out.update({"method": method, "prompt_ids": [str(u) for u in uids],
+    out.update({"method": method, "prompt_ids": [str(u) for u in uids], "rollout_digests": collector.rollout_digests,
                 "seconds_per_batch": seconds / len(collector.parts),
                 "group_size": cli.model.rollout_cfg.group_size})
     return out
@@ -173,7 +179,8 @@ def write_problems(path: str, num_prompts: int, offset: int, repeat: bool) -> st
 
 def comparison(results: dict[str, dict], baseline: str, n_resamples: int = 1000, seed: int = 0) -> dict[str, dict]:
     """Each method against ``baseline``: trace ratios at equal batches, equal rows, equal FLOPs,
-    with 95% intervals paired by prompt (``bootstrap_ratio``) when both measured the same prompts."""
+    with 95% intervals paired by prompt and by batch (``bootstrap_ratio``: batch m of every method
+    samples with the same rollout seeds) when both measured the same prompts."""
     if baseline not in results:
         return {}
     ref = results[baseline]

@@ -11,7 +11,8 @@ sum is the batch gradient exactly). From the [M, P, D] parts:
   out, so a batch is not compared with itself): a signal-to-noise measure that does not depend
   on the gradient's scale;
 - ``bootstrap_trace``: a 95% percentile interval of the trace over seeds and prompts at once
-  (``bootstrap_ratio``: of one method's trace over another's, prompts drawn for both at once).
+  (``bootstrap_ratio``: of one method's trace over another's, prompts and batches drawn for both
+  at once).
   The trace is ``sum_p v_p`` plus cross-prompt covariances, where ``v_p`` is prompt p's own
   trace across batches; the cross terms are 0 in expectation when each prompt's rollouts have
   their own seeds and their advantages are normalised within the prompt's group (the
@@ -117,19 +118,27 @@ def bootstrap_trace_from_grams(grams: Tensor, n_resamples: int = 1000, seed: int
 
 
 def bootstrap_ratio(grams_a: Tensor, grams_b: Tensor, n_resamples: int = 1000, seed: int = 0,
-                    confidence: float = 0.95) -> tuple[float, float]:
+                    confidence: float = 0.95, paired_batches: bool = True) -> tuple[float, float]:
     """Percentile interval of ``trace_a / trace_b`` for two methods measured on the same prompts.
-    The prompts are drawn once per resample for both (paired: how hard a prompt is, the largest
-    source of spread, cancels in the ratio), each method's batches are drawn on their own (they
-    are independent rollouts)."""
+    The prompts are drawn once per resample for both (how hard a prompt is, the largest source
+    of spread, cancels in the ratio). With ``paired_batches`` the batches are drawn once for both
+    as well: batch m of every method samples with the same rollout seeds (``training.seeding``
+    makes them a function of seed, step and row), so methods at the same G share their rollouts
+    and the batch-to-batch luck (which groups came out mixed) cancels too. Drawing batch m for
+    both at once is valid whether or not the two are dependent, because the pairs
+    (batch m of a, batch m of b) are i.i.d. over m; ``paired_batches=False`` draws each method's
+    batches on its own (for batches that are not matched by index)."""
     if grams_a.shape[0] != grams_b.shape[0]:
         raise ValueError(f"the methods were measured on {grams_a.shape[0]} and {grams_b.shape[0]} prompts")
+    if paired_batches and grams_a.shape[1] != grams_b.shape[1]:
+        raise ValueError(f"paired batches need as many batches in each method, got {grams_a.shape[1]} "
+                         f"and {grams_b.shape[1]}")
     p = grams_a.shape[0]
     generator = torch.Generator().manual_seed(seed)
     values = []
     for _ in range(n_resamples):
         rows_a = _resampled_rows(grams_a.shape[1], generator)
-        rows_b = _resampled_rows(grams_b.shape[1], generator)
+        rows_b = rows_a if paired_batches else _resampled_rows(grams_b.shape[1], generator)
         prompts = torch.randint(p, (p,), generator=generator)
         denominator = _resampled_trace(grams_b, rows_b, prompts)
         if denominator > 0:  # a resample whose baseline drew only zero-gradient prompts has no ratio

@@ -95,6 +95,23 @@ def test_the_ratio_interval_is_paired_by_prompt():
         bootstrap_ratio(prompt_grams(a), prompt_grams(b[:, :3]))
 
 
+def test_the_ratio_interval_is_paired_by_batch_when_methods_share_rollouts():
+    # As at a trained checkpoint: most batches give a prompt no gradient (its group came out all
+    # right or all wrong), a few give a large one. Two methods on the same rollouts share that
+    # luck; a shapes the same groups at half the scale (trace 1/4 of b's), plus its own small noise.
+    g = torch.Generator().manual_seed(7)
+    lucky = (torch.rand(12, 4, 1, generator=g) < 0.25).double()
+    b = lucky * 10 * torch.randn(12, 4, 6, generator=g, dtype=torch.float64)
+    a = 0.5 * b + 0.05 * torch.randn(12, 4, 6, generator=g, dtype=torch.float64)
+    lo, hi = bootstrap_ratio(prompt_grams(a), prompt_grams(b), n_resamples=400, seed=0)
+    assert lo < 0.25 < hi and hi < 0.4  # the shared luck cancels: resolved, and near 1/4
+    u_lo, u_hi = bootstrap_ratio(prompt_grams(a), prompt_grams(b), n_resamples=400, seed=0, paired_batches=False)
+    assert u_hi - u_lo > 10 * (hi - lo)  # drawn apart, which batches were lucky dominates the ratio
+    assert bootstrap_ratio(prompt_grams(b), prompt_grams(b), n_resamples=50) == pytest.approx((1.0, 1.0))
+    with pytest.raises(ValueError, match="as many batches"):
+        bootstrap_ratio(prompt_grams(a), prompt_grams(b[:6]))
+
+
 def test_signal_to_noise_does_not_change_with_the_gradients_scale():
     parts, trace_sigma = _iid_parts(3000, 4, seed=6)
     mu_sq = float((torch.linspace(-1, 1, 6, dtype=torch.float64) ** 2).sum())

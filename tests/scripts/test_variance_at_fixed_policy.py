@@ -64,6 +64,8 @@ def test_ibpo_batches_carry_their_corrections(tmp_path, load_script, parity_rewa
     rows = ibpo["rows_per_batch"] / gspo["rows_per_batch"]
     assert q["trace_ratio_equal_rows_ci"] == pytest.approx([lo * rows, hi * rows])
     assert ibpo["prompt_ids"] == gspo["prompt_ids"] and len(ibpo["prompt_grams"]) == 2
+    # batch m of both sampled the same rollouts (what pairs the intervals by batch), new ones each batch
+    assert ibpo["rollout_digests"] == gspo["rollout_digests"] and len(set(gspo["rollout_digests"])) == 3
     assert f"{q['trace_ratio']:.2f} [{lo:.2f}, {hi:.2f}]" in script.markdown(report["results"], report["vs_baseline"])
     # a saved run's table is rebuilt from its JSON alone, intervals included
     saved = tmp_path / "saved.json"
