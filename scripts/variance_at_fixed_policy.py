@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -39,7 +40,7 @@ from lightning.pytorch.callbacks import Callback
 
 from ibpo_lit.algorithms.diagnostics import estimate_flops
 from ibpo_lit.experiments.arms import ARMS, ArmSettings
-from ibpo_lit.experiments.variance import bootstrap_ratio, signal_to_noise, summarize
+from ibpo_lit.experiments.variance import bootstrap_ratio, bootstrap_snr_difference, own_grams, summarize
 
 DEFAULT_METHODS = ["gspo", "gspo_large_group", "ibpo_plain", "ibpo_ratio", "ibpo_mask", "gspo_ciw"]
 # Callbacks that log, stop or measure on their own; the measurement needs none of them.
@@ -171,16 +172,18 @@ def write_problems(path: str, num_prompts: int, offset: int, repeat: bool) -> st
     chosen = [lines[offset]] * num_prompts if repeat else lines[offset: offset + num_prompts]
     if len(chosen) < num_prompts:
         raise ValueError(f"{path} has fewer than {offset + num_prompts} records")
-    fd, out = tempfile.mkstemp(prefix="ibpo_variance_", suffix=".jsonl")
-    with os.fdopen(fd, "w") as f:
+    # One file name whatever the run: prompt ids (name:line) then match between saved runs.
+    out = os.path.join(tempfile.mkdtemp(prefix="ibpo_variance_"), "problems.jsonl")
+    with open(out, "w") as f:
         f.writelines(line if line.endswith("\n") else line + "\n" for line in chosen)
     return out
 
 
 def comparison(results: dict[str, dict], baseline: str, n_resamples: int = 1000, seed: int = 0) -> dict[str, dict]:
     """Each method against ``baseline``: trace ratios at equal batches, equal rows, equal FLOPs,
-    with 95% intervals paired by prompt and by batch (``bootstrap_ratio``: batch m of every method
-    samples with the same rollout seeds) when both measured the same prompts."""
+    and the difference in signal-to-noise, with 95% intervals paired by prompt and by batch
+    (``bootstrap_ratio``, ``bootstrap_snr_difference``: batch m of every method samples with the
+    same rollout seeds) when both measured the same prompts."""
     if baseline not in results:
         return {}
     ref = results[baseline]
@@ -191,10 +194,12 @@ def comparison(results: dict[str, dict], baseline: str, n_resamples: int = 1000,
         row = {"trace_ratio": r["trace_cov"] / ref["trace_cov"],
                "trace_ratio_equal_rows": r["trace_cov_x_rows"] / ref["trace_cov_x_rows"],
                "trace_ratio_equal_flops": r["trace_cov_x_flops"] / ref["trace_cov_x_flops"],
-               "cosine_minus_baseline": r["cosine_to_mean"] - ref["cosine_to_mean"]}
-        if "prompt_grams" in r and "prompt_grams" in ref and r.get("prompt_ids") == ref.get("prompt_ids"):
-            lo, hi = bootstrap_ratio(torch.tensor(r["prompt_grams"]), torch.tensor(ref["prompt_grams"]),
-                                     n_resamples, seed)
+               "cosine_minus_baseline": r["cosine_to_mean"] - ref["cosine_to_mean"],
+               "snr_minus_baseline": r["signal_to_noise"] - ref["signal_to_noise"]}
+        if r["prompt_ids"] == ref["prompt_ids"]:
+            cross, ref_cross = torch.tensor(r["prompt_cross_grams"]), torch.tensor(ref["prompt_cross_grams"])
+            row["snr_minus_baseline_ci"] = list(bootstrap_snr_difference(cross, ref_cross, n_resamples, seed))
+            lo, hi = bootstrap_ratio(own_grams(cross), own_grams(ref_cross), n_resamples, seed)
             # Rows and FLOPs per batch are each method's means: constants that scale the interval.
             for key, scale in (("trace_ratio", 1.0),
                                ("trace_ratio_equal_rows", r["rows_per_batch"] / ref["rows_per_batch"]),
@@ -204,15 +209,24 @@ def comparison(results: dict[str, dict], baseline: str, n_resamples: int = 1000,
     return out
 
 
-def _ratio(q: dict, key: str) -> str:
+def _compact_json(obj) -> str:
+    """Indented JSON with each innermost list of numbers on one line: the Gram matrices hold
+    P*P*M*M numbers per method, one per line would bury the summaries. (A newline never occurs
+    inside a JSON string, so the pattern, which starts at one, touches lists only.)"""
+    return re.sub(r"\[\n\s+([-+0-9.eE,\s]+?)\n\s*\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]",
+                  json.dumps(obj, indent=1))
+
+
+def _ratio(q: dict, key: str, sign: str = "") -> str:
     ci = q.get(key + "_ci")
-    return f"{q[key]:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+    return f"{q[key]:{sign}.2f}" + (f" [{ci[0]:{sign}.2f}, {ci[1]:{sign}.2f}]" if ci else "")
 
 
 def markdown(results: dict[str, dict], ratios: dict[str, dict], baseline: str = "gspo") -> str:
     head = (f"| method | G | rows | trace Cov [95% CI] | / {baseline}, per batch | / {baseline}, equal rows "
-            f"| / {baseline}, equal FLOPs | cosine to mean [95% CI] | signal/noise | s/batch |")
-    lines = [head, "|" + " --- |" * 10]
+            f"| / {baseline}, equal FLOPs | cosine to mean [95% CI] | signal/noise [95% CI] "
+            f"| signal/noise - {baseline} | s/batch |")
+    lines = [head, "|" + " --- |" * 11]
     for m, r in results.items():
         q = ratios.get(m)
         vs = " | ".join(_ratio(q, k) for k in ("trace_ratio", "trace_ratio_equal_rows", "trace_ratio_equal_flops")) \
@@ -220,7 +234,7 @@ def markdown(results: dict[str, dict], ratios: dict[str, dict], baseline: str = 
         lines.append(f"| {m} | {r['group_size']} | {r['rows_per_batch']:.0f} | {r['trace_cov']:.3g} "
                      f"[{r['trace_cov_ci'][0]:.3g}, {r['trace_cov_ci'][1]:.3g}] | {vs} | {r['cosine_to_mean']:.3f} "
                      f"[{r['cosine_to_mean_ci'][0]:.3f}, {r['cosine_to_mean_ci'][1]:.3f}] "
-                     f"| {signal_to_noise(r['mean_grad_sq_norm'], r['trace_cov'], r['batches']):.2f} "
+                     f"| {_ratio(r, 'signal_to_noise')} | {_ratio(q, 'snr_minus_baseline', '+') if q else '-'} "
                      f"| {r['seconds_per_batch']:.1f} |")
     return "\n".join(lines)
 
@@ -230,7 +244,8 @@ def parse_args(argv: Optional[list[str]] = None):
     parser.add_argument("--config", help="base fit config (model, decoding, IBPO settings)")
     parser.add_argument("--problems", help="JSONL problems in the config's data fields")
     parser.add_argument("--report", metavar="JSON", default=None,
-                        help="measure nothing: print the table of a saved --out file, its ratios recomputed")
+                        help="measure nothing: print the table of a saved --out file, its ratios recomputed "
+                             "with the run's own --n_resamples and --seed")
     parser.add_argument("--num_prompts", type=int, default=4)
     parser.add_argument("--offset", type=int, default=0, help="first record of --problems used")
     parser.add_argument("--repeat_one", action="store_true",
@@ -253,18 +268,22 @@ def parse_args(argv: Optional[list[str]] = None):
     return args
 
 
-def report_table(path: str, n_resamples: int, seed: int) -> str:
-    """The table of a saved run, with the intervals this version of the script computes."""
+def report_table(path: str) -> str:
+    """The table of a saved run, its intervals recomputed with the run's own resamples and seed."""
     with open(path) as f:
         saved = json.load(f)
-    baseline = saved["settings"]["baseline"]
-    return markdown(saved["results"], comparison(saved["results"], baseline, n_resamples, seed), baseline)
+    if any("prompt_cross_grams" not in r for r in saved["results"].values()):
+        raise SystemExit(f"{path} was written by an older version of this script (no prompt_cross_grams, "
+                         "which the signal-to-noise intervals need): measure it again")
+    settings = saved["settings"]
+    ratios = comparison(saved["results"], settings["baseline"], settings["n_resamples"], settings["seed"])
+    return markdown(saved["results"], ratios, settings["baseline"])
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
     args = parse_args(argv)
     if args.report is not None:
-        table = report_table(args.report, args.n_resamples, args.seed)
+        table = report_table(args.report)
         print(table)
         return {"table": table}
     if args.batches < 2:
@@ -287,7 +306,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
                 print(f"[variance] {method}: {args.batches} batches, "
                       f"{results[method]['seconds_per_batch']:.1f} s each", flush=True)
     finally:
-        os.unlink(args.problems_file)
+        shutil.rmtree(os.path.dirname(args.problems_file))
     ratios = comparison(results, args.baseline, args.n_resamples, args.seed)
     report = {"command": " ".join(["python", "scripts/variance_at_fixed_policy.py", *(argv or sys.argv[1:])]),
               "settings": {k: v for k, v in vars(args).items() if k != "problems_file"},
@@ -296,7 +315,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+            f.write(_compact_json(report))
     return report
 
 

@@ -10,16 +10,19 @@ sum is the batch gradient exactly). From the [M, P, D] parts:
 - ``cosine_to_mean``: each batch gradient's cosine to the mean of the OTHER batches (leave one
   out, so a batch is not compared with itself): a signal-to-noise measure that does not depend
   on the gradient's scale;
+- ``resampled_snr``: ``|E g|^2 / tr Cov``, scale-free like the cosine, and with intervals over
+  prompts as well (it is built from sums over prompts, the cosine is not);
 - ``bootstrap_trace``: a 95% percentile interval of the trace over seeds and prompts at once
   (``bootstrap_ratio``: of one method's trace over another's, prompts and batches drawn for both
-  at once).
+  at once; ``bootstrap_snr`` and ``bootstrap_snr_difference`` likewise for the signal-to-noise).
   The trace is ``sum_p v_p`` plus cross-prompt covariances, where ``v_p`` is prompt p's own
   trace across batches; the cross terms are 0 in expectation when each prompt's rollouts have
   their own seeds and their advantages are normalised within the prompt's group (the
   ``group`` scale), so the interval resamples batches and prompts and sums the drawn prompts'
   ``v_p``. (Summing drawn parts instead would count a prompt drawn twice with 4x its variance
-  and double the trace on average.) ``bootstrap_cosine`` resamples batches only (the cosine is
-  not a sum over prompts).
+  and double the trace on average.) The signal-to-noise needs the cross-prompt inner products
+  too (the mean gradient is a sum over prompts): ``cross_grams`` keeps them, [P, P, M, M].
+  ``bootstrap_cosine`` resamples batches only (the cosine is not a sum over prompts).
 
 For i.i.d. rows the trace falls as 1/rows; ``per_row`` and ``per_flop`` scale it by the batch's
 rows or FLOPs so that methods are compared at equal rows or equal compute (variance x cost:
@@ -28,6 +31,8 @@ lower is a better estimator for the cost).
 from __future__ import annotations
 
 import math
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -70,6 +75,19 @@ def prompt_grams(parts: Tensor) -> Tensor:
     return torch.einsum("ipd,jpd->pij", g, g)
 
 
+def cross_grams(parts: Tensor) -> Tensor:
+    """[P, P, M, M] the inner products of every prompt's part in every batch with every other's,
+    ``<g_{i,p}, g_{j,q}>``: what the signal-to-noise and its intervals need (the mean gradient is
+    a sum over prompts), in P*P*M*M numbers instead of P*M*D. ``own_grams`` is its diagonal."""
+    g = parts.double()
+    return torch.einsum("ipd,jqd->pqij", g, g)
+
+
+def own_grams(cross: Tensor) -> Tensor:
+    """[P, M, M] each prompt's own Gram matrix (``prompt_grams``) from the cross Gram [P, P, M, M]."""
+    return cross.diagonal(dim1=0, dim2=1).permute(2, 0, 1)
+
+
 def gram_trace(gram: Tensor) -> Tensor:
     """The unbiased trace of covariance of M vectors from their Gram matrix [..., M, M]:
     ``sum_i |g_i - mean|^2 / (M - 1) = (tr G - sum(G) / M) / (M - 1)``."""
@@ -95,9 +113,55 @@ def _resampled_rows(m: int, generator: torch.Generator) -> Tensor:
             return rows
 
 
+def _bootstrap(statistic, p: int, m: int, n_resamples: int, seed: int, confidence: float) -> tuple[float, float]:
+    """Percentile interval of ``statistic(rows, prompts)`` over resamples that draw M batches and P
+    prompts with replacement. A statistic that returns None has no value on that resample (a
+    ratio whose baseline drew only zero-gradient prompts) and is left out."""
+    generator = torch.Generator().manual_seed(seed)
+    values = []
+    for _ in range(n_resamples):
+        rows = _resampled_rows(m, generator)
+        prompts = torch.randint(p, (p,), generator=generator)
+        value = statistic(rows, prompts)
+        if value is not None:
+            values.append(value)
+    if not values:
+        raise ValueError("the statistic has no value on any resample (the baseline's gradient is zero on every one)")
+    return _percentiles(values, confidence)
+
+
+def _row_sums(gram: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
+    """``sum_i c_i G_ii`` and ``sum_ij c_i c_j G_ij`` of Gram matrices [..., M, M] over batches drawn
+    ``counts`` [M] times each: the drawn batches' Gram sums without copying it per resample."""
+    diag = gram.diagonal(dim1=-2, dim2=-1) @ counts
+    return diag, (gram @ counts) @ counts
+
+
 def _resampled_trace(grams: Tensor, rows: Tensor, prompts: Tensor) -> float:
-    """The trace of a resample: the drawn prompts' own traces over the drawn batches."""
-    return float(gram_trace(grams[:, rows][:, :, rows])[prompts].sum())
+    """The trace of a resample: the drawn prompts' own traces over the drawn batches (``gram_trace``
+    of the drawn rows, from counts)."""
+    m = grams.shape[-1]
+    diag, total = _row_sums(grams, torch.bincount(rows, minlength=m).to(grams.dtype))
+    return float(((diag - total / m) / (m - 1))[prompts].sum())
+
+
+def resampled_snr(cross: Tensor, rows: Optional[Tensor] = None, prompts: Optional[Tensor] = None) -> float:
+    """``signal_to_noise`` of the batches ``rows`` of the prompts ``prompts`` (all of them by
+    default: the point estimate) from the cross Gram [P, P, M, M]. Each drawn prompt counts as an
+    instance of its own: the noise is the drawn prompts' own traces summed (as in the trace's
+    interval), the signal ``|sum of the drawn prompts' mean parts|^2``. Two copies of one prompt
+    share its noise, so each pair of copies carries ``v_p / M`` more of ``|mean|^2``'s bias, taken
+    off with the rest. With every prompt once this is ``signal_to_noise(|mean|^2, sum_p v_p, M)``."""
+    p, m = cross.shape[0], cross.shape[2]
+    # Draws as counts: what a resample sums over its drawn batches and prompts, without copying
+    # the [P, P, M, M] Gram for every resample.
+    c = torch.ones(m, dtype=cross.dtype) if rows is None else torch.bincount(rows, minlength=m).to(cross.dtype)
+    n = torch.ones(p, dtype=cross.dtype) if prompts is None else torch.bincount(prompts, minlength=p).to(cross.dtype)
+    diag, total = _row_sums(cross, c)  # [P, P] each
+    mean_dot = total / m ** 2  # <mean part p, mean part q> over the drawn batches
+    own = (diag.diagonal() - total.diagonal() / m) / (m - 1)  # [P] each prompt's own trace (gram_trace)
+    copies_bias = float((n * (n - 1)) @ own) / m  # n draws of a prompt: n (n - 1) pairs of copies
+    return signal_to_noise(float(n @ mean_dot @ n) - copies_bias, float(n @ own), m)
 
 
 def bootstrap_trace(parts: Tensor, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95) -> tuple[float, float]:
@@ -107,14 +171,15 @@ def bootstrap_trace(parts: Tensor, n_resamples: int = 1000, seed: int = 0, confi
 
 def bootstrap_trace_from_grams(grams: Tensor, n_resamples: int = 1000, seed: int = 0,
                                confidence: float = 0.95) -> tuple[float, float]:
-    p, m = grams.shape[:2]
-    generator = torch.Generator().manual_seed(seed)
-    values = []
-    for _ in range(n_resamples):
-        rows = _resampled_rows(m, generator)
-        prompts = torch.randint(p, (p,), generator=generator)
-        values.append(_resampled_trace(grams, rows, prompts))
-    return _percentiles(values, confidence)
+    return _bootstrap(lambda rows, prompts: _resampled_trace(grams, rows, prompts),
+                      grams.shape[0], grams.shape[1], n_resamples, seed, confidence)
+
+
+def _check_paired(a: Tensor, b: Tensor, paired_batches: bool = True) -> None:
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(f"the methods were measured on {a.shape[0]} and {b.shape[0]} prompts")
+    if paired_batches and a.shape[-1] != b.shape[-1]:
+        raise ValueError(f"paired batches need as many batches in each method, got {a.shape[-1]} and {b.shape[-1]}")
 
 
 def bootstrap_ratio(grams_a: Tensor, grams_b: Tensor, n_resamples: int = 1000, seed: int = 0,
@@ -126,26 +191,32 @@ def bootstrap_ratio(grams_a: Tensor, grams_b: Tensor, n_resamples: int = 1000, s
     makes them a function of seed, step and row), so methods at the same G share their rollouts
     and the batch-to-batch luck (which groups came out mixed) cancels too. Drawing batch m for
     both at once is valid whether or not the two are dependent, because the pairs
-    (batch m of a, batch m of b) are i.i.d. over m; ``paired_batches=False`` draws each method's
-    batches on its own (for batches that are not matched by index)."""
-    if grams_a.shape[0] != grams_b.shape[0]:
-        raise ValueError(f"the methods were measured on {grams_a.shape[0]} and {grams_b.shape[0]} prompts")
-    if paired_batches and grams_a.shape[1] != grams_b.shape[1]:
-        raise ValueError(f"paired batches need as many batches in each method, got {grams_a.shape[1]} "
-                         f"and {grams_b.shape[1]}")
-    p = grams_a.shape[0]
-    generator = torch.Generator().manual_seed(seed)
-    values = []
-    for _ in range(n_resamples):
-        rows_a = _resampled_rows(grams_a.shape[1], generator)
-        rows_b = rows_a if paired_batches else _resampled_rows(grams_b.shape[1], generator)
-        prompts = torch.randint(p, (p,), generator=generator)
+    (batch m of a, batch m of b) are i.i.d. over m; ``paired_batches=False`` draws b's batches
+    on their own (for batches that are not matched by index)."""
+    _check_paired(grams_a, grams_b, paired_batches)
+    own_rows = torch.Generator().manual_seed(seed + 1)  # b's batches when they are not paired
+
+    def ratio(rows, prompts):
+        rows_b = rows if paired_batches else _resampled_rows(grams_b.shape[1], own_rows)
         denominator = _resampled_trace(grams_b, rows_b, prompts)
-        if denominator > 0:  # a resample whose baseline drew only zero-gradient prompts has no ratio
-            values.append(_resampled_trace(grams_a, rows_a, prompts) / denominator)
-    if not values:
-        raise ValueError("the baseline's gradient is zero on every resample")
-    return _percentiles(values, confidence)
+        return _resampled_trace(grams_a, rows, prompts) / denominator if denominator > 0 else None
+
+    return _bootstrap(ratio, grams_a.shape[0], grams_a.shape[1], n_resamples, seed, confidence)
+
+
+def bootstrap_snr(cross: Tensor, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of the signal-to-noise, batches and prompts resampled."""
+    return _bootstrap(lambda rows, prompts: resampled_snr(cross, rows, prompts),
+                      cross.shape[0], cross.shape[2], n_resamples, seed, confidence)
+
+
+def bootstrap_snr_difference(cross_a: Tensor, cross_b: Tensor, n_resamples: int = 1000, seed: int = 0,
+                             confidence: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of ``snr_a - snr_b``, paired by prompt and by batch as in
+    ``bootstrap_ratio``. A difference, not a ratio: a resample's signal can be estimated below 0."""
+    _check_paired(cross_a, cross_b)
+    return _bootstrap(lambda rows, prompts: resampled_snr(cross_a, rows, prompts) - resampled_snr(cross_b, rows, prompts),
+                      cross_a.shape[0], cross_a.shape[2], n_resamples, seed, confidence)
 
 
 def bootstrap_cosine(parts: Tensor, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95) -> tuple[float, float]:
@@ -166,12 +237,13 @@ def bootstrap_cosine(parts: Tensor, n_resamples: int = 1000, seed: int = 0, conf
 
 def summarize(parts: Tensor, rows_per_batch: float, flops_per_batch: float, n_resamples: int = 1000,
               seed: int = 0) -> dict:
-    """The method's numbers: trace, cosine, and the trace at equal rows and equal compute, with CIs."""
+    """The method's numbers: trace, cosine, signal-to-noise, and the trace at equal rows and equal
+    compute, with CIs."""
     grads = batch_gradients(parts)
     trace = trace_cov(grads)
     cos = cosine_to_mean(grads)
-    grams = prompt_grams(parts)
-    trace_ci = bootstrap_trace_from_grams(grams, n_resamples, seed)
+    cross = cross_grams(parts)
+    trace_ci = bootstrap_trace_from_grams(own_grams(cross), n_resamples, seed)
     cos_ci = bootstrap_cosine(parts, n_resamples, seed)
     return {
         "batches": int(parts.shape[0]),
@@ -184,10 +256,13 @@ def summarize(parts: Tensor, rows_per_batch: float, flops_per_batch: float, n_re
         "cosine_to_mean": float(cos.mean()),
         "cosine_to_mean_ci": list(cos_ci),
         "mean_grad_sq_norm": float((grads.double().mean(dim=0) ** 2).sum()),
+        "signal_to_noise": resampled_snr(cross),
+        "signal_to_noise_ci": list(bootstrap_snr(cross, n_resamples, seed)),
         # Variance x cost: what the same variance costs (lower: more signal per row / per FLOP).
         "trace_cov_x_rows": trace * rows_per_batch,
         "trace_cov_x_rows_ci": [v * rows_per_batch for v in trace_ci],
         "trace_cov_x_flops": trace * flops_per_batch,
         "trace_cov_x_flops_ci": [v * flops_per_batch for v in trace_ci],
-        "prompt_grams": grams.tolist(),  # for paired intervals between methods (bootstrap_ratio)
+        # For intervals between methods after the fact (bootstrap_ratio, bootstrap_snr_difference).
+        "prompt_cross_grams": cross.tolist(),
     }

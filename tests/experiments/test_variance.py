@@ -5,11 +5,16 @@ import torch
 from ibpo_lit.experiments.variance import (
     batch_gradients,
     bootstrap_ratio,
+    bootstrap_snr,
+    bootstrap_snr_difference,
     bootstrap_trace,
     cosine_to_mean,
+    cross_grams,
     gram_trace,
+    own_grams,
     prompt_grams,
     prompt_traces,
+    resampled_snr,
     signal_to_noise,
     summarize,
     trace_cov,
@@ -20,7 +25,7 @@ def _iid_parts(batches, prompts, dims=6, seed=0):
     # Every prompt's part is 1/P of an i.i.d. draw (a mean over prompts): Cov = Sigma / P.
     g = torch.Generator().manual_seed(seed)
     mu = torch.linspace(-1, 1, dims, dtype=torch.float64)
-    scale = torch.linspace(0.5, 2.0, dims, dtype=torch.float64)  # Sigma = diag(scale^2), trace 8.75
+    scale = torch.linspace(0.5, 2.0, dims, dtype=torch.float64)  # Sigma = diag(scale^2), trace 10.95
     x = mu + scale * torch.randn(batches, prompts, dims, generator=g, dtype=torch.float64)
     return x / prompts, float((scale ** 2).sum())
 
@@ -32,8 +37,7 @@ def test_trace_falls_as_one_over_rows_for_iid_rows():
     assert trace_cov(batch_gradients(large)) == pytest.approx(trace_sigma / 16, rel=0.05)
     # at equal rows the two estimators are the same estimator
     s = summarize(small[:400], rows_per_batch=4, flops_per_batch=1.0, n_resamples=200)
-    l_ = summarize(large[:400], rows_per_batch=16, flops_per_batch=1.0, n_resamples=200)
-    assert s["trace_cov_x_rows"] == pytest.approx(l_["trace_cov_x_rows"], rel=0.2)
+    assert s["trace_cov_x_rows"] == pytest.approx(trace_cov(batch_gradients(large[:400])) * 16, rel=0.2)
     assert s["trace_cov_ci"][0] < trace_sigma / 4 < s["trace_cov_ci"][1]
 
 
@@ -127,3 +131,53 @@ def test_signal_to_noise_does_not_change_with_the_gradients_scale():
     assert sum(few) / len(few) == pytest.approx(expected, rel=0.1)
     biased = [float((grads[i:i + 4].mean(dim=0) ** 2).sum()) / (trace_sigma / 4) for i in range(0, 3000, 4)]
     assert sum(biased) / len(biased) > 1.1 * expected  # without the correction it would not be
+
+
+MU_SQ = 2.8  # |linspace(-1, 1, 6)|^2 = 2 * (1 + 0.36 + 0.04), the mean of _iid_parts' draws
+
+
+def test_the_snr_from_cross_grams_is_the_batch_snr():
+    parts, trace_sigma = _iid_parts(60, 4)
+    cross = cross_grams(parts)
+    assert cross.shape == (4, 4, 60, 60)
+    assert torch.allclose(own_grams(cross), prompt_grams(parts))
+    # every prompt once, every batch: |mean|^2 of the batch gradients over the prompts' own traces
+    mean_sq = float((batch_gradients(parts).mean(dim=0) ** 2).sum())
+    expected = signal_to_noise(mean_sq, float(prompt_traces(parts).sum()), 60)
+    assert resampled_snr(cross) == pytest.approx(expected, rel=1e-10)
+    # the batch gradient is a mean of 4 i.i.d. draws: |mu|^2 / (tr Sigma / 4) = 1.02; its interval holds it
+    lo, hi = bootstrap_snr(cross, n_resamples=300, seed=0)
+    assert lo < MU_SQ / (trace_sigma / 4) < hi
+    assert bootstrap_snr(0.01 * cross, n_resamples=300, seed=0) == pytest.approx((lo, hi))  # scale-free
+
+
+def test_two_copies_of_a_prompt_carry_twice_its_signal_to_noise():
+    # A resample that draws prompt 0 twice counts it as two instances: signal |2 m|^2 - 4 v / M,
+    # noise 2 v, so twice one instance's (|m|^2 - v / M) / v. Without the copies' shared bias
+    # (each copy's noise is the other's) the signal would be |2 m|^2 - 2 v / M.
+    parts, _ = _iid_parts(5, 3, seed=8)
+    cross = cross_grams(parts)
+    rows = torch.arange(5)
+    one = resampled_snr(cross, rows, torch.tensor([0]))
+    assert resampled_snr(cross, rows, torch.tensor([0, 0])) == pytest.approx(2 * one, rel=1e-10)
+    assert resampled_snr(cross, rows, torch.tensor([0, 0, 0])) == pytest.approx(3 * one, rel=1e-10)
+
+
+def test_the_snr_difference_is_paired_by_prompt_and_batch():
+    # Prompts of very different scales; method a is method b on the same rollouts with half the
+    # mean gradient (same noise): its signal-to-noise is 1/4 of b's, 0.149 against 0.596
+    # (|sum_p s_p mu|^2 / (sum_p s_p^2 tr I) = 34.1^2 * 2.8 / (910.01 * 6)).
+    g = torch.Generator().manual_seed(0)
+    scales = torch.tensor([0.1, 1.0, 3.0, 30.0], dtype=torch.float64)[None, :, None]
+    mu = torch.linspace(-1, 1, 6, dtype=torch.float64)
+    b = scales * (mu + torch.randn(24, 4, 6, generator=g, dtype=torch.float64))
+    a = b - 0.5 * scales * mu
+    lo, hi = bootstrap_snr_difference(cross_grams(a), cross_grams(b), n_resamples=400, seed=0)
+    assert lo < 0.149 - 0.596 < hi < 0  # resolved: a has less signal for its noise
+    a_lo, a_hi = bootstrap_snr(cross_grams(a), n_resamples=400, seed=0)
+    b_lo, b_hi = bootstrap_snr(cross_grams(b), n_resamples=400, seed=0)
+    assert a_hi > b_lo  # each method's own interval overlaps the other's: the pairing resolves it
+    # a rescaled gradient (a loss dividing by more rows) has the same signal-to-noise on every resample
+    assert bootstrap_snr_difference(cross_grams(0.5 * b), cross_grams(b), n_resamples=50) == pytest.approx((0.0, 0.0))
+    with pytest.raises(ValueError, match="as many batches"):
+        bootstrap_snr_difference(cross_grams(a), cross_grams(b[:6]))

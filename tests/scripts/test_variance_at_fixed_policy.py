@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+import torch
 
 TINY = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny.yaml")
 GSM8K = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "gsm8k_train.jsonl")
@@ -63,7 +64,11 @@ def test_ibpo_batches_carry_their_corrections(tmp_path, load_script, parity_rewa
     assert 0 <= lo <= hi
     rows = ibpo["rows_per_batch"] / gspo["rows_per_batch"]
     assert q["trace_ratio_equal_rows_ci"] == pytest.approx([lo * rows, hi * rows])
-    assert ibpo["prompt_ids"] == gspo["prompt_ids"] and len(ibpo["prompt_grams"]) == 2
+    assert ibpo["prompt_ids"] == gspo["prompt_ids"] == ["problems.jsonl:1", "problems.jsonl:2"]  # stable names
+    assert torch.tensor(ibpo["prompt_cross_grams"]).shape == (2, 2, 3, 3)  # prompts x prompts x batches x batches
+    # signal-to-noise: the baseline against itself differs by exactly 0 on every resample
+    assert report["vs_baseline"]["gspo"]["snr_minus_baseline_ci"] == [0.0, 0.0]
+    assert q["snr_minus_baseline"] == pytest.approx(ibpo["signal_to_noise"] - gspo["signal_to_noise"])
     # batch m of both sampled the same rollouts (what pairs the intervals by batch), new ones each batch
     assert ibpo["rollout_digests"] == gspo["rollout_digests"] and len(set(gspo["rollout_digests"])) == 3
     assert f"{q['trace_ratio']:.2f} [{lo:.2f}, {hi:.2f}]" in script.markdown(report["results"], report["vs_baseline"])
@@ -73,3 +78,9 @@ def test_ibpo_batches_carry_their_corrections(tmp_path, load_script, parity_rewa
     assert script.main(["--report", str(saved)])["table"] == script.markdown(report["results"], report["vs_baseline"])
     with pytest.raises(SystemExit):
         script.main(["--problems", GSM8K])  # neither a config nor --report
+    # a file from before the cross-prompt Gram matrices says so instead of failing on a key
+    for r in report["results"].values():
+        r["prompt_grams"] = r.pop("prompt_cross_grams")
+    saved.write_text(json.dumps(report))
+    with pytest.raises(SystemExit, match="older version of this script"):
+        script.main(["--report", str(saved)])
