@@ -225,8 +225,8 @@ def _ratio(q: dict, key: str, sign: str = "") -> str:
 def markdown(results: dict[str, dict], ratios: dict[str, dict], baseline: str = "gspo") -> str:
     head = (f"| method | G | rows | trace Cov [95% CI] | / {baseline}, per batch | / {baseline}, equal rows "
             f"| / {baseline}, equal FLOPs | cosine to mean [95% CI] | signal/noise [95% CI] "
-            f"| signal/noise - {baseline} | s/batch |")
-    lines = [head, "|" + " --- |" * 11]
+            f"| signal/noise - {baseline} | TFLOP/batch | s/batch |")
+    lines = [head, "|" + " --- |" * 12]
     for m, r in results.items():
         q = ratios.get(m)
         vs = " | ".join(_ratio(q, k) for k in ("trace_ratio", "trace_ratio_equal_rows", "trace_ratio_equal_flops")) \
@@ -235,7 +235,7 @@ def markdown(results: dict[str, dict], ratios: dict[str, dict], baseline: str = 
                      f"[{r['trace_cov_ci'][0]:.3g}, {r['trace_cov_ci'][1]:.3g}] | {vs} | {r['cosine_to_mean']:.3f} "
                      f"[{r['cosine_to_mean_ci'][0]:.3f}, {r['cosine_to_mean_ci'][1]:.3f}] "
                      f"| {_ratio(r, 'signal_to_noise')} | {_ratio(q, 'snr_minus_baseline', '+') if q else '-'} "
-                     f"| {r['seconds_per_batch']:.1f} |")
+                     f"| {r['flops_per_batch'] / 1e12:.2f} | {r['seconds_per_batch']:.1f} |")
     return "\n".join(lines)
 
 
