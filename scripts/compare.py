@@ -67,7 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--final-eval-k", type=int, default=8, help="samples per problem of --final-eval")
     p.add_argument("--final-eval-backend", choices=("vllm", "hf"), default="vllm", help="engine of --final-eval")
     p.add_argument("--keep-checkpoints", action="store_true",
-                   help="keep each run's last checkpoint after --final-eval (default: deleted, ~1.6 GB for SmolLM2)")
+                   help="keep each run's last checkpoint, <out>/runs/<arm>_s<seed>/checkpoints/last.ckpt (default: "
+                        "none; with --final-eval it is deleted after the evaluation, ~1.6 GB for SmolLM2)")
     p.add_argument("--prompts-per-step", type=int, default=None, help="override data.prompts_per_step")
     p.add_argument("--out", default="results/compare")
     p.add_argument("--report-only", action="store_true", help="rebuild compare.md/png from summary.json")
@@ -178,8 +179,8 @@ def main(argv=None) -> None:
                 os.makedirs(root, exist_ok=True)
                 cfg_path = os.path.join(root, "config.yaml")
                 cfg = build_arm_config(base, arm, seed, settings, root)
-                if held_out:
-                    cfg["checkpoint"] = {"save_last": True, "save_top_k": 0}  # the final weights, for --final-eval
+                if held_out or args.keep_checkpoints:
+                    cfg["checkpoint"] = {"save_last": True, "save_top_k": 0}  # the final weights (for --final-eval)
                 with open(cfg_path, "w") as f:
                     yaml.safe_dump(cfg, f, sort_keys=False)
                 start = time.time()

@@ -43,6 +43,11 @@ def test_compare_runs_every_arm_to_the_same_budget_and_reports(tmp_path):
     # the call that added an arm read the untrained model's score back instead of re-scoring it
     assert [p.name for p in (out / "runs" / "baseline_s0" / "lightning_logs").iterdir()] == ["version_0"]
     assert all(s["baseline_val"] == summaries[0]["baseline_val"] for s in json.loads((out / "summary.json").read_text()))
+    # runs keep no checkpoint unless asked to; --keep-checkpoints keeps the last one, --final-eval or not
+    assert not (out / "runs" / "ibpo_plain_s0" / "checkpoints").exists()
+    kept = subprocess.run([*cmd, "--arms", "ibpo_ratio", "--keep-checkpoints"], capture_output=True, text=True, cwd=ROOT)
+    assert kept.returncode == 0, kept.stdout[-2000:] + kept.stderr[-2000:]
+    assert (out / "runs" / "ibpo_ratio_s0" / "checkpoints" / "last.ckpt").is_file()
 
 
 @pytest.mark.slow
