@@ -88,11 +88,15 @@ def own_grams(cross: Tensor) -> Tensor:
     return cross.diagonal(dim1=0, dim2=1).permute(2, 0, 1)
 
 
-def gram_trace(gram: Tensor) -> Tensor:
+def gram_trace(gram: Tensor, counts: Optional[Tensor] = None) -> Tensor:
     """The unbiased trace of covariance of M vectors from their Gram matrix [..., M, M]:
-    ``sum_i |g_i - mean|^2 / (M - 1) = (tr G - sum(G) / M) / (M - 1)``."""
+    ``sum_i |g_i - mean|^2 / (M - 1) = (tr G - sum(G) / M) / (M - 1)``; with ``counts`` [M], of
+    the M vectors drawn ``counts[i]`` times each (a bootstrap resample's batches)."""
     m = gram.shape[-1]
-    return (gram.diagonal(dim1=-2, dim2=-1).sum(-1) - gram.sum(dim=(-2, -1)) / m) / (m - 1)
+    if counts is None:
+        counts = torch.ones(m, dtype=gram.dtype, device=gram.device)
+    diag, total = _row_sums(gram, counts)
+    return (diag - total / m) / (m - 1)
 
 
 def prompt_traces(parts: Tensor) -> Tensor:
@@ -140,9 +144,8 @@ def _row_sums(gram: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
 def _resampled_trace(grams: Tensor, rows: Tensor, prompts: Tensor) -> float:
     """The trace of a resample: the drawn prompts' own traces over the drawn batches (``gram_trace``
     of the drawn rows, from counts)."""
-    m = grams.shape[-1]
-    diag, total = _row_sums(grams, torch.bincount(rows, minlength=m).to(grams.dtype))
-    return float(((diag - total / m) / (m - 1))[prompts].sum())
+    counts = torch.bincount(rows, minlength=grams.shape[-1]).to(grams.dtype)
+    return float(gram_trace(grams, counts)[prompts].sum())
 
 
 def resampled_snr(cross: Tensor, rows: Optional[Tensor] = None, prompts: Optional[Tensor] = None) -> float:
@@ -157,9 +160,8 @@ def resampled_snr(cross: Tensor, rows: Optional[Tensor] = None, prompts: Optiona
     # the [P, P, M, M] Gram for every resample.
     c = torch.ones(m, dtype=cross.dtype) if rows is None else torch.bincount(rows, minlength=m).to(cross.dtype)
     n = torch.ones(p, dtype=cross.dtype) if prompts is None else torch.bincount(prompts, minlength=p).to(cross.dtype)
-    diag, total = _row_sums(cross, c)  # [P, P] each
-    mean_dot = total / m ** 2  # <mean part p, mean part q> over the drawn batches
-    own = (diag.diagonal() - total.diagonal() / m) / (m - 1)  # [P] each prompt's own trace (gram_trace)
+    mean_dot = _row_sums(cross, c)[1] / m ** 2  # [P, P] <mean part p, mean part q> over the drawn batches
+    own = gram_trace(own_grams(cross), c)  # [P] each prompt's own trace over the drawn batches
     copies_bias = float((n * (n - 1)) @ own) / m  # n draws of a prompt: n (n - 1) pairs of copies
     return signal_to_noise(float(n @ mean_dot @ n) - copies_bias, float(n @ own), m)
 
