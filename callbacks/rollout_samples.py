@@ -7,10 +7,14 @@ hack"). Reading a handful of rollouts would have shown it at once, which is why 
 print completions too.
 
 What it writes, at every ``every_n_steps``-th rollout step (the first step included):
-    * ``<trainer.log_dir>/samples.jsonl`` (or ``path``): one JSON object per kept rollout with
-      ``step``, ``uid``, ``problem``, ``gold``, ``response``, ``reward`` (the verifier's; null =
-      unscorable), ``shaped_reward`` (after IBPO's shaping) and, when the step had corrections,
-      ``correction_reward``. Appended, so a resumed run continues the same file.
+    * ``samples.jsonl`` (or ``path``) in the run's own folder: TensorBoard's (or the CSV
+      logger's) version folder, else ``trainer.default_root_dir`` (beside ``checkpoints/``; a
+      W&B or MLflow logger's save folder is shared by every run, so not there). One JSON object
+      per kept rollout with ``step``, ``uid``, ``problem``, ``prompt`` (the prompt exactly as
+      the policy saw it: chat template, system prompt and instruction included), ``gold``,
+      ``response``, ``reward`` (the verifier's; null = unscorable), ``shaped_reward`` (after
+      IBPO's shaping) and, when the step had corrections, ``correction_reward``. Appended, so a
+      resumed run continues the same file.
     * the same rollouts to each of the trainer's loggers that can show them: TensorBoard's Text
       tab (a markdown table, tag ``samples``), a W&B table (key ``samples``), an MLflow text
       artifact (``samples/step_<step>.md``). Other loggers get the JSON Lines file only.
@@ -26,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Callable, Optional
 
 from lightning.pytorch.callbacks import Callback
 
@@ -37,8 +41,10 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def sample_records(step: ScoredRollouts, num_prompts: int, per_group: int) -> list[dict[str, Any]]:
-    """The kept rollouts of ``step`` as plain dicts (see the module docstring)."""
+def sample_records(step: ScoredRollouts, num_prompts: int, per_group: int,
+                   render: Optional[Callable[[list[int]], str]] = None) -> list[dict[str, Any]]:
+    """The kept rollouts of ``step`` as plain dicts (see the module docstring); ``render`` turns
+    a prompt's token ids into its text (the ``prompt`` field; left out without it)."""
     group = step.rollouts.group_index.tolist()
     corrections = step.corrections
     out: list[dict[str, Any]] = []
@@ -52,6 +58,7 @@ def sample_records(step: ScoredRollouts, num_prompts: int, per_group: int) -> li
             "step": step.step,
             "uid": prompt.uid,
             "problem": prompt.problem,
+            **({"prompt": render(prompt.prompt_ids)} if render is not None else {}),
             "gold": prompt.gold,
             "response": step.texts[row],
             "reward": _finite_or_none(float(step.rewards[row])),
@@ -98,8 +105,8 @@ class RolloutSamples(Callback):
         every_n_steps: Rollout steps between two writes (the first step is always written).
         num_prompts: Prompts of the step whose responses are kept.
         per_group: Responses kept per prompt.
-        path: JSON Lines file; None = ``samples.jsonl`` in the trainer's log directory (or
-            its ``default_root_dir`` without a logger).
+        path: JSON Lines file; None = ``samples.jsonl`` in the run's folder (TensorBoard's
+            version folder, else ``trainer.default_root_dir``).
     """
 
     def __init__(self, every_n_steps: int = 10, num_prompts: int = 2, per_group: int = 4, path: str | None = None) -> None:
@@ -116,13 +123,20 @@ class RolloutSamples(Callback):
     def file_path(self, trainer) -> str:
         if self.path is not None:
             return self.path
-        root = trainer.log_dir or trainer.default_root_dir
-        return os.path.join(root, "samples.jsonl")
+        from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+        logger = trainer.logger
+        # Only these two loggers have a folder of the run's own (version_N); `trainer.log_dir`
+        # of any other is its save folder, shared by every run that logs there.
+        own = isinstance(logger, (TensorBoardLogger, CSVLogger))
+        return os.path.join(logger.log_dir if own else trainer.default_root_dir, "samples.jsonl")
 
     def on_before_update(self, trainer, pl_module, step: ScoredRollouts) -> None:
         if step.step % self.every_n_steps or trainer.global_rank != 0:
             return
-        records = sample_records(step, self.num_prompts, self.per_group)
+        tokenizer = pl_module.tokenizer
+        records = sample_records(step, self.num_prompts, self.per_group,
+                                 render=lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
         path = self.file_path(trainer)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "a") as f:

@@ -76,3 +76,12 @@ def test_the_weight_sync_sends_the_merged_model_complete():
     assert not manifest.missing() and manifest.expected == expected_tensor_names(build_tiny_model(seed=0))
     for name, tensor in merged_weights(model):
         assert torch.equal(sent[name], tensor)
+
+
+def test_a_lora_run_says_how_many_parameters_it_trains(caplog):
+    base = build_tiny_model(seed=0)
+    with caplog.at_level("INFO"):
+        model = apply_lora(copy.deepcopy(base), LoRAConfig(r=4, alpha=8))
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in base.parameters()) + trained  # tied weights once, as peft counts
+    assert f"LoRA: training {trained:,} of {total:,} parameters ({100 * trained / total:.2f}%)" in caplog.text

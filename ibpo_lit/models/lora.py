@@ -58,7 +58,18 @@ def apply_lora(model: torch.nn.Module, cfg: LoRAConfig) -> torch.nn.Module:
 
     peft_cfg = LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                           target_modules=cfg.target_modules, task_type="CAUSAL_LM")
-    return get_peft_model(model, peft_cfg)
+    model = get_peft_model(model, peft_cfg)
+    from lightning.pytorch.utilities import rank_zero_info
+
+    rank_zero_info(trainable_summary(model))
+    return model
+
+
+def trainable_summary(model: torch.nn.Module) -> str:
+    """``LoRA: training 1,234,567 of 135,000,000 parameters (0.91%)``: what a LoRA run trains
+    (peft's own count, which counts each tied weight once)."""
+    trainable, total = model.get_nb_trainable_parameters()
+    return f"LoRA: training {trainable:,} of {total:,} parameters ({100 * trainable / max(total, 1):.2f}%)"
 
 
 def is_lora(model: torch.nn.Module | None) -> bool:

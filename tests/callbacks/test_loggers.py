@@ -65,6 +65,8 @@ def test_mlflow_file_store_gets_the_metrics_and_the_samples(tmp_path, monkeypatc
     assert history[-1].value == pytest.approx(float(cli.trainer.logged_metrics["train/reward"]))
     artifacts = [a.path for a in client.list_artifacts(run_id, "samples")]
     assert artifacts == ["samples/step_0000000.md", "samples/step_0000001.md"]
+    # samples.jsonl is the run's own, beside its checkpoints, not in the store every run shares.
+    assert os.path.isfile(tmp_path / "samples.jsonl") and not os.path.exists(tmp_path / "mlruns" / "samples.jsonl")
 
 
 def test_an_arm_keeps_the_users_logger_and_adds_tensorboard():

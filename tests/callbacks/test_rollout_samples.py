@@ -45,6 +45,8 @@ def test_samples_are_the_steps_own_rollouts(tmp_path):
         assert [r["reward"] for r in kept] == [rewards[i] for i in rows]
         assert [r["shaped_reward"] for r in kept] == pytest.approx([shaped[i] for i in rows])
         assert all(r["uid"] == uids[0] and r["gold"] and r["problem"] for r in kept)
+        # The prompt as the policy saw it: the chat template around the problem and the instruction.
+        assert all(r["problem"] in r["prompt"] and "####" in r["prompt"] and r["prompt"] != r["problem"] for r in kept)
         assert all("correction_reward" in r for r in kept)  # tiny.yaml runs IBPO's corrections
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
