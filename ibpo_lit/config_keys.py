@@ -43,6 +43,7 @@ class KnownKeys:
 
     leaves: frozenset
     open: frozenset
+    linked: tuple = ()  # ((target, source), ...): keys set from other keys (``data.task`` from ``model.reward``)
 
     @property
     def sections(self) -> set[str]:
@@ -58,14 +59,16 @@ class KnownKeys:
 
 def known_keys(parser: Any) -> KnownKeys:
     """The keys of a jsonargparse parser (a subcommand's, for LightningCLI)."""
-    leaves, open_ = set(), set()
+    leaves, open_, linked = set(), set(), []
     for action in parser._actions:
         kind = type(action).__name__
         dest = action.dest
         if kind in ("_HelpAction", "_ActionHelpClassPath", "_ActionPrintConfig", "ActionConfigFile", "_ActionConfigLoad"):
             continue
-        if kind == "ActionLink":  # a target set from another key; jsonargparse explains if a user sets it
-            dest = dest.split(" --> ")[-1] if " --> " in dest else dest
+        if kind == "ActionLink":  # shown as "source --> target" (source may be "fn(a, b)"): not a key of its own
+            source = (action.option_strings or [""])[0].partition(" --> ")[0]
+            linked.append((dest, source.split("(", 1)[-1].rstrip(")") if "(" in source else source))
+            continue
         hint = getattr(action, "_typehint", None)
         fields = _dataclass_fields(hint)
         if fields is not None:  # an optional dataclass (model.lora): its fields are keys too
@@ -76,9 +79,9 @@ def known_keys(parser: Any) -> KnownKeys:
                     open_.add(f"{dest}.{name}")
             continue
         leaves.add(dest)
-        if kind == "ActionLink" or _is_open(hint):
+        if _is_open(hint):
             open_.add(dest)
-    return KnownKeys(frozenset(leaves), frozenset(open_))
+    return KnownKeys(frozenset(leaves), frozenset(open_), tuple(linked))
 
 
 def _dataclass_fields(hint: Any) -> Optional[list[tuple[str, Any]]]:
@@ -164,6 +167,10 @@ def unknown_key_problems(known: KnownKeys, given: list[tuple[str, str]]) -> list
         seen.add(key)
         place = "" if where == "command line" else f" (in {where})"
         top = key.split(".")[0]
+        source = dict(known.linked).get(key)
+        if source is not None:
+            problems.append(f"{key}{place} is not set on its own: it follows {source}; set that instead")
+            continue
         if top in REMOVED_KEYS:
             problems.append(f"{key}{place}: {REMOVED_KEYS[top]}")
             continue

@@ -18,6 +18,12 @@ What is covered:
   test6.jsonl); see `ibpo_lit.data.code_tasks` for how each becomes a problem and its tests.
 - MBPP's split: ``mbpp_split`` picks MBPP's conventional split by task_id, "test" (11-510) by
   default, as papers report MBPP; "all" keeps the whole file.
+- Your own data (the evaluate command's ``--benchmark mydata --path FILE``): `load_own_data`
+  reads it with training's table readers (`ibpo_lit.data.tables`: JSONL, JSON, Parquet, Arrow, a
+  saved dataset or a ``datasets`` name, its test split) and a `RecordFormat` (training's
+  defaults: ``question``, ``answer``, ``gsm8k``; string or conversational questions); it is
+  scored by the math verifier (`OWN_DATA_TASK`). ``load_benchmark``'s ``fmt`` overrides a math
+  benchmark's own field names and answer format.
 - uid: the record's own id where the format has one (``aime2025_I_1``, ``hmmt_feb2025_10``,
   MATH-500's ``test/precalculus/807.json``, ``HumanEval/0``, ``mbpp/11``), else
   ``<file name>:<line>`` (GSM8K).
@@ -109,8 +115,17 @@ CODE_BENCHMARKS: dict[str, CodeBenchmarkSpec] = {
 }
 
 
+# The verifier of your own data (`load_own_data`): math-verify against the answer field.
+OWN_DATA_TASK = "math"
+
+
 def _unknown(name: str) -> ValueError:
     return ValueError(f"unknown benchmark {name!r}; valid names: {sorted({*BENCHMARKS, *CODE_BENCHMARKS})}")
+
+
+def is_benchmark(name: str) -> bool:
+    """A registered benchmark (math or code), as opposed to a name for your own data."""
+    return name in BENCHMARKS or name in CODE_BENCHMARKS
 
 
 def get_benchmark(name: str) -> BenchmarkSpec | CodeBenchmarkSpec:
@@ -144,7 +159,7 @@ def check_mbpp_split(name: str, mbpp_split: str) -> None:
 
 
 def load_benchmark(name: str, path: str | Path | None = None, limit: int | None = None,
-                   mbpp_split: str = DEFAULT_MBPP_SPLIT) -> list[Record]:
+                   mbpp_split: str = DEFAULT_MBPP_SPLIT, fmt: RecordFormat | None = None) -> list[Record]:
     """The records of benchmark ``name``, in file order.
 
     Args:
@@ -154,9 +169,12 @@ def load_benchmark(name: str, path: str | Path | None = None, limit: int | None 
         limit: keep only the first ``limit`` records (None: all), after the MBPP split.
         mbpp_split: MBPP's split by task_id ("test": 11-510, "validation", "train", "prompt")
             or "all"; other benchmarks take only the default.
+        fmt: the record format of a math benchmark; None: the benchmark's own. Code benchmarks
+            have their upstream formats.
 
     Raises:
-        ValueError: unknown name, bad ``mbpp_split``, ``limit`` < 1, or LiveCodeBench without path.
+        ValueError: unknown name, bad ``mbpp_split``, ``limit`` < 1, a ``fmt`` for a code
+            benchmark, or LiveCodeBench without path.
         FileNotFoundError / BadRecordError: from reading ``path``.
         ImportError: no ``path`` and the `datasets` library is not installed.
     """
@@ -165,12 +183,38 @@ def load_benchmark(name: str, path: str | Path | None = None, limit: int | None 
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 or None, got {limit}")
     if isinstance(spec, CodeBenchmarkSpec):
+        if fmt is not None:
+            raise ValueError(f"{name!r} is read in its upstream format; a record format applies to math "
+                             "benchmarks and your own data")
         return _code_records(name, spec, path, limit, mbpp_split)
+    if fmt is not None:
+        spec = replace(spec, fmt=fmt)
     if path is None:
         records = _hub_records(spec)
     else:
         records = _file_records(spec, Path(path))
     return list(islice(records, limit))
+
+
+def load_own_data(path: str, fmt: RecordFormat = RecordFormat(settings="--"), limit: int | None = None) -> list[Record]:
+    """Your own evaluation data, read as training reads its data (`ibpo_lit.data.tables`), in order.
+
+    Args:
+        path: a JSONL, JSON, Parquet or Arrow file, a directory saved with ``save_to_disk``, or a
+            ``datasets`` name (its ``test`` split, else ``validation``, or the only one).
+        fmt: field names and answer format (errors name the evaluate command's options by default).
+        limit: keep only the first ``limit`` records (None: all).
+
+    Raises:
+        ValueError: ``limit`` < 1; FileNotFoundError / BadRecordError / ValueError from reading ``path``.
+    """
+    from ibpo_lit.data.tables import check_location, infer_source, load_table_records, path_key
+
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1 or None, got {limit}")
+    source = infer_source(path)
+    check_location(path, source, None, None, path_key("eval"))
+    return list(islice(load_table_records(path, source, fmt, role="eval"), limit))
 
 
 def _file_records(spec: BenchmarkSpec, path: Path):

@@ -4,6 +4,11 @@ for the k = 1 ablation, as text and as token ids within a context budget.
 Used by training's correction rollouts (``ibpo_lit.training.corrections``) and by evaluation's
 test-time correction baseline, so both ask the policy the same question.
 
+Conversational prompts: the problem quoted is ``Prompt.problem``, the conversation's text form (a
+lone user message as written; several turns as ``User: ...`` / ``Assistant: ...`` paragraphs),
+and the system message is the one the prompt was rendered with (``meta["system_prompt"]``: the
+conversation's own, else ``data.system_prompt``), so a correction is asked in the same setting.
+
 Long inputs: a correction prompt holds the problem and two whole responses, so with long
 responses it can exceed the context. ``on_long_prompt`` decides: ``truncate`` shortens each
 candidate in its middle, keeping its opening and its end (where the final answer is) with a

@@ -66,6 +66,9 @@ logger = logging.getLogger(__name__)
 
 SOURCES = ("arithmetic", "file", "dataset", "jsonl")  # "jsonl": the old name of "file"
 DEFAULT_INSTRUCTION = "Think step by step, then give the final answer after ####."
+# data.task when no built-in verifier scores the prompts (every reward a `package.module:function`
+# of the user's own): records need no answer, answer-style prompts and corrections otherwise.
+CUSTOM_TASK = "custom"
 
 
 class PromptDataModule(L.LightningDataModule):
@@ -86,9 +89,15 @@ class PromptDataModule(L.LightningDataModule):
         train_config: Configuration name of a "dataset" source (GSM8K's ``main``).
         train_split: Split of a "dataset" source or a saved ``DatasetDict``; unset = ``train``
             (or the only split).
-        question_key: Field (column) holding the problem text ("problem" for MATH-style data).
+        question_key: Field (column) holding the problem ("problem" for MATH-style data,
+            "prompt" for TRL's): a string, or a conversation, a list of messages ``{role:
+            system|user|assistant, content}`` rendered with the chat template as given
+            (``instruction`` appended to the last user message; ``system_prompt`` only when the
+            messages have no system message).
         answer_key: Field (column) holding the answer. Every field but the question reaches the
             reward functions as ``Prompt.columns`` (the answer under its own name, as written).
+            With rewards of your own only (``data.task: custom``) a record may lack it (gold
+            None); null: the records have no answer at all.
         answer_format: "gsm8k" (the answer is a solution ending in "#### N"; the gold is N with
             commas removed) or "plain" (the field is the final answer itself, as in MATH-500).
         on_bad_record: What to do with a malformed JSONL record: "error" stops with the file, line
@@ -113,8 +122,10 @@ class PromptDataModule(L.LightningDataModule):
         code_val_split: The split of ``val_path`` validated on.
         code_shown_tests: MBPP asserts shown in the problem text (the rest stay hidden);
             unset = all, the benchmark's own format.
-        task: Verifier that scores these prompts' responses (a name in ibpo_lit.rewards.REWARDS).
-            On the command line it is ``model.reward``'s value (linked; not set apart).
+        task: Verifier that scores these prompts' responses (a name in ibpo_lit.rewards.REWARDS),
+            or ``custom`` when every reward is a function of your own (``package.module:function``):
+            then no gold answer is needed. On the command line it follows ``model.reward`` /
+            ``model.rewards`` (linked; not set apart).
         val_size: Held-out problems for validation (``val/accuracy``): the first ``val_size``
             records of ``val_path``, or, without it, arithmetic problems from a stream seeded
             apart from training (``arithmetic.seed + 1000003``; small operand ranges can still
@@ -144,7 +155,7 @@ class PromptDataModule(L.LightningDataModule):
         train_config: str | None = None,
         train_split: str | None = None,
         question_key: str = "question",
-        answer_key: str = "answer",
+        answer_key: str | None = "answer",
         answer_format: Literal["gsm8k", "plain"] = "gsm8k",
         on_bad_record: Literal["error", "skip"] = "error",
         arithmetic: ArithmeticConfig = ArithmeticConfig(),
@@ -201,9 +212,15 @@ class PromptDataModule(L.LightningDataModule):
                 raise ValueError(f"{name} must be >= {low}, got {value}")
         if not isinstance(arithmetic, ArithmeticConfig):
             raise ValueError(f"arithmetic must be an ArithmeticConfig, got {type(arithmetic).__name__}")
-        from ibpo_lit.rewards import get_reward
+        if task != CUSTOM_TASK:
+            from ibpo_lit.rewards import get_reward
 
-        get_reward(task)  # ValueError listing the valid names
+            get_reward(task)  # ValueError listing the valid names
+        if answer_key is None and task != CUSTOM_TASK:
+            raise ValueError(
+                f"data.answer_key: null (records without an answer) leaves the {task!r} verifier nothing to score "
+                "responses against: set data.answer_key to the field with the answer, or score with a reward "
+                "function of your own (model.reward: package.module:function)")
         if val_size < 0 or val_batch_size < 1:
             raise ValueError(f"data.val_size must be >= 0 and data.val_batch_size >= 1, got {val_size}, {val_batch_size}")
         val_source = None
@@ -212,7 +229,8 @@ class PromptDataModule(L.LightningDataModule):
             check_location(val_path, val_source, val_format, val_config, "data.val_path")
         elif any(v is not None for v in (val_format, val_config, val_split)):
             raise ValueError("data.val_format/val_config/val_split are only read with data.val_path")
-        self.record_format = RecordFormat(question_key, answer_key, answer_format)
+        self.record_format = RecordFormat(question_key, answer_key, answer_format,
+                                          answer_required=task != CUSTOM_TASK)
         if code_format is not None:
             from ibpo_lit.data.code_tasks import CODE_LOADERS
 
@@ -353,7 +371,7 @@ class PromptDataModule(L.LightningDataModule):
         for r in records:
             if self.val_size and len(prompts) >= self.val_size:
                 break
-            prompt = self._builder.build(r.problem, r.gold, r.uid, r.columns)
+            prompt = self._builder.build(r.problem, r.gold, r.uid, r.columns, r.messages)
             if prompt is not None:
                 prompts.append(prompt)
         return prompts

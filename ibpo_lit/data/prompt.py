@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 @dataclass
 class Prompt:
     prompt_ids: list[int]  # chat-templated, tokenized prompt (generation prompt included)
-    problem: str  # the problem text alone, as correction prompts quote it
-    gold: str  # gold answer, as the verifier expects it
+    problem: str  # the problem text alone, as correction prompts quote it (a conversation's text form)
+    gold: str | None  # gold answer, as the verifier expects it; None: the record has none (a reward of your own)
     task: str = "math"  # which verifier scores it
     uid: str = ""  # stable id: "<file>:<line>" or "arithmetic:<index>"
     meta: dict = field(default_factory=dict)

@@ -41,10 +41,11 @@ class StreamPosition:
 @dataclass(frozen=True)
 class Problem:
     problem: str
-    gold: str
+    gold: str | None
     uid: str
     after: StreamPosition  # the stream position just after this problem
     columns: dict = field(default_factory=dict)  # the record's other fields (`Prompt.columns`)
+    messages: list[dict] | None = None  # a conversational problem (`Record.messages`)
 
 
 class ProblemSource(Protocol):
@@ -73,7 +74,7 @@ class RecordSource:
             perm = self.order(epoch)
             for i in range(index, len(perm)):
                 r = self.records[perm[i]]
-                yield Problem(r.problem, r.gold, r.uid, StreamPosition(epoch, i + 1), r.columns)
+                yield Problem(r.problem, r.gold, r.uid, StreamPosition(epoch, i + 1), r.columns, r.messages)
             epoch, index = epoch + 1, 0
 
 
@@ -132,7 +133,7 @@ class PromptStream(IterableDataset):
         for draw, p in enumerate(self.source.problems_from(self.start)):
             if draw % n_workers != worker:
                 continue
-            prompt = self.builder.build(p.problem, p.gold, p.uid, p.columns)
+            prompt = self.builder.build(p.problem, p.gold, p.uid, p.columns, p.messages)
             if prompt is None:
                 skips += 1
                 if skips > max_skips:

@@ -17,10 +17,13 @@ What is covered:
   either bad-record policy (it is a config error, not a bad record).
 - Every other column travels with the record (`Record.columns` -> `Prompt.columns`) as
   ``datasets`` returns it (strings, numbers, lists, dicts, None).
+- Conversational datasets: a question column of chat messages (``[{role, content}]``) is read
+  as the conversation (`ibpo_lit.data.records.parse_messages`).
+- The evaluate command reads your own data here too (``role="eval"``: errors name ``--path``
+  and the ``--question_key``-style options; a dataset's ``test`` split, else ``validation``).
 
 What is not covered:
 - Streaming (``IterableDataset``): the table is read whole at setup, like the JSONL file.
-- Conversational datasets (a column of chat messages as the prompt): the question is one string.
 - CSV and other ``datasets`` builders by extension (use ``source: dataset`` on a directory).
 """
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 
 from ibpo_lit.data.records import (
     BAD_RECORD_POLICIES,
+    QUESTION_FIELD_NAMES,
     BadRecordError,
     BadRecordPolicy,
     Record,
@@ -58,6 +62,12 @@ def infer_source(path: str) -> str:
     return "dataset"
 
 
+def path_key(role: str) -> str:
+    """The setting that holds a table's location: ``data.train_path``, ``data.val_path``, or the
+    evaluate command's ``--path`` (``role="eval"``)."""
+    return "--path" if role == "eval" else f"data.{role}_path"
+
+
 def file_format(path: str, fmt: str | None, key: str = "data.train_path") -> str:
     """The format of a ``source: file`` path: ``fmt`` when given, else from the extension."""
     fmt_key = key.replace("_path", "_format")
@@ -69,8 +79,10 @@ def file_format(path: str, fmt: str | None, key: str = "data.train_path") -> str
         return "arrow"
     found = _EXTENSIONS.get(Path(path).suffix.lower())
     if found is None:
-        raise ValueError(f"{key}: cannot tell the format of {path} from its extension; "
-                         f"set {fmt_key} to one of {FILE_FORMATS}")
+        # The evaluate command has no format option: the extension is the only way to say it.
+        fix = (f"set {fmt_key} to one of {FILE_FORMATS}" if key.startswith("data.")
+               else f"name it with one of the extensions {', '.join(_EXTENSIONS)}")
+        raise ValueError(f"{key}: cannot tell the format of {path} from its extension; {fix}")
     return found
 
 
@@ -119,20 +131,17 @@ def load_table_records(
         split: The split; unset: see the module docstring.
         on_bad_record: "error" raises at the first bad record; "skip" drops it into ``skipped``.
         skipped: Collects the errors of skipped records.
-        role: "train" or "val": names the config keys in errors and picks the default split.
+        role: "train", "val" or "eval" (the evaluate command): names the settings in errors and
+            picks the default split.
     """
     if on_bad_record not in BAD_RECORD_POLICIES:
         raise ValueError(f"on_bad_record must be one of {BAD_RECORD_POLICIES}, got {on_bad_record!r}")
-    key = f"data.{role}_path"
+    key = path_key(role)
     if source == "file" and file_format(path, file_fmt, key) == "jsonl":
         yield from read_records(path, fmt, on_bad_record, skipped)
         return
     table, name = _load_table(path, source, file_fmt, config, split, role)
-    missing = [k for k in (fmt.question_key, fmt.answer_key) if k not in table.column_names]
-    if missing:
-        which = " and ".join(repr(k) for k in missing)
-        raise BadRecordError(name, 0, None, f"{name}: no column {which} (columns: {', '.join(table.column_names)}); "
-                                            f"set data.question_key / data.answer_key")
+    _check_columns(table.column_names, fmt, name)
     n_good = n_bad = 0
     for row, obj in enumerate(table):
         try:
@@ -151,12 +160,30 @@ def load_table_records(
         raise BadRecordError(name, 0, None, f"no records in {name}{detail}")
 
 
+def _check_columns(columns: list[str], fmt: RecordFormat, name: str) -> None:
+    """A question or (needed) answer column absent from the whole table: one error, under either
+    bad-record policy, listing the columns there are and, where one looks like the question
+    (``prompt``, ``problem``, ...), the setting to write."""
+    wanted = [fmt.question_key] + ([fmt.answer_key] if fmt.answer_key is not None and fmt.answer_required else [])
+    missing = [k for k in wanted if k not in columns]
+    if not missing:
+        return
+    which = " and ".join(repr(k) for k in missing)
+    if missing == [fmt.answer_key]:  # the question is there: say why the answer is needed
+        fix = fmt.missing_answer_hint()
+    else:
+        found = next((c for c in QUESTION_FIELD_NAMES if c in columns), None)
+        fix = "set " + " / ".join([fmt.setting("question_key", found) if found else fmt.setting("question_key")]
+                                  + [fmt.setting("answer_key")] * (len(missing) - 1))
+    raise BadRecordError(name, 0, None, f"{name}: no column {which} (columns: {', '.join(columns)}); {fix}")
+
+
 def _load_table(path: str, source: str, file_fmt: str | None, config: str | None, split: str | None,
                 role: str):
     """``(datasets.Dataset, name for uids and errors)``."""
     import datasets
 
-    key = f"data.{role}_path"
+    key = path_key(role)
     fmt = file_format(path, file_fmt, key) if source == "file" else None
     name = Path(path).name if source == "file" else (path if config is None else f"{path}:{config}")
     try:
@@ -176,8 +203,8 @@ def _load_table(path: str, source: str, file_fmt: str | None, config: str | None
     if isinstance(loaded, datasets.DatasetDict):
         chosen = split or _default_split(list(loaded), role)
         if chosen not in loaded:
-            raise ValueError(f"{key}: {path!r} has no split {chosen!r} (splits: {', '.join(loaded)}); "
-                             f"set data.{role}_split")
+            fix = "" if role == "eval" else f"; set data.{role}_split"  # evaluate reads the test split
+            raise ValueError(f"{key}: {path!r} has no split {chosen!r} (splits: {', '.join(loaded)}){fix}")
         return loaded[chosen], f"{name}/{chosen}"
     return loaded, name
 
@@ -187,6 +214,8 @@ def _default_split(splits: list[str], role: str) -> str:
         return splits[0]
     if role == "train":
         return "train"
+    if role == "eval":  # a benchmark is its test split
+        return "test" if "test" in splits or "validation" not in splits else "validation"
     return "validation" if "validation" in splits else "test"
 
 

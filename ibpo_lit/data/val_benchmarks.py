@@ -88,7 +88,7 @@ def benchmark_prompts(spec: ValBenchmark, training_builder: PromptBuilder) -> li
     prompts = []
     for record in load_benchmark(spec.name, path=spec.path, limit=spec.limit):
         prompt = builder.build(record.problem, record.gold, f"{spec.key}:{record.uid}",
-                               columns=getattr(record, "columns", None))
+                               columns=getattr(record, "columns", None), messages=record.messages)
         if prompt is not None:
             prompt.meta[VAL_SET_KEY] = spec.key
             prompts.append(prompt)

@@ -4,6 +4,8 @@
         [--k 64] [--seed 0] [--ckpt_path runs/x/checkpoints/last.ckpt] [--output run.json]
     python -m ibpo_lit evaluate --model_name_or_path M --benchmark humaneval --path HumanEval.jsonl
         [--baselines test_time_correction,best_of_n] [--output run.json]
+    python -m ibpo_lit evaluate --model_name_or_path M --benchmark mydata --path my.parquet
+        --question_key problem --answer_format plain      # your own data, scored as math
     python -m ibpo_lit evaluate --combine seed0.json seed1.json ... [--output combined.json]
 
 The evaluate options are ``ibpo_lit.evaluation.runner.evaluate``'s parameters, with their
@@ -29,7 +31,10 @@ def build_parser() -> ArgumentParser:
         prog=PROG,
         description="Sample k responses per benchmark problem and report avg@k, pass@1, pass@k "
         "and maj@k (math), or avg@k, pass@1, pass@k, the share of tests passed and the sandbox's status "
-        "counts (code: humaneval, mbpp, mbpp_sanitized, livecodebench). --baselines adds the IBPO paper's "
+        "counts (code: humaneval, mbpp, mbpp_sanitized, livecodebench). Your own data: any other --benchmark "
+        "name with --path (JSONL, JSON, Parquet, Arrow, a saved dataset or a datasets name), its fields named "
+        "by --question_key/--answer_key/--answer_format as training's data.* keys, scored by the math "
+        "verifier. --baselines adds the IBPO paper's "
         "baselines from the same samples: test-time compare-and-correct (verifier-free, or an ORACLE that "
         "picks the reference with the gold) and Best-of-N, which with the gold verifier equals pass@N. "
         "To combine runs of several seeds into a mean and 95% bootstrap CI: "

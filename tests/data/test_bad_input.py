@@ -52,12 +52,16 @@ def no_weights(monkeypatch):
     [
         ('{"question": "x", "answer": "#### 1"', None, "malformed JSON"),
         (json.dumps({"answer": "#### 1"}), "question", "missing"),
-        (json.dumps({"question": ["x"], "answer": "#### 1"}), "question", "expected a string, got list"),
+        (json.dumps({"question": 3, "answer": "#### 1"}), "question",
+         "expected a string or a list of messages, got int"),
+        (json.dumps({"question": ["x"], "answer": "#### 1"}), "question",
+         "message 1: expected an object with 'role' and 'content', got str"),
         (json.dumps({"question": "   ", "answer": "#### 1"}), "question", "empty question"),
         (json.dumps({"question": "x", "answer": 7}), "answer", "expected a string, got int"),
         (b'{"question": "caf\xe9?", "answer": "#### 1"}', None, "invalid UTF-8 at byte 17"),
     ],
-    ids=["malformed-json", "missing-field", "wrong-type", "empty-prompt", "wrong-answer-type", "invalid-utf8"],
+    ids=["malformed-json", "missing-field", "wrong-type", "not-messages", "empty-prompt", "wrong-answer-type",
+         "invalid-utf8"],
 )
 def test_a_bad_record_stops_fit_naming_file_line_and_field(tmp_path, no_weights, bad, field, reason):
     data = _write(tmp_path / "train.jsonl", [GOOD, GOOD, bad, GOOD])

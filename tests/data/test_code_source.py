@@ -64,5 +64,7 @@ def test_the_data_task_follows_model_reward(tmp_path, monkeypatch):
     cli = main([*base, "--model.reward", "code"], run=False)
     assert cli.datamodule.task == "code" and cli.model.reward_name == "code"
     assert main(base, run=False).datamodule.task == "math"
-    with pytest.raises(SystemExit):  # not a setting of its own any more
+    from ibpo_lit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"data.task is not set on its own: it follows model.reward, model.rewards"):
         main([*base, "--data.task", "code"], run=False)

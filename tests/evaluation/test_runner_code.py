@@ -75,6 +75,8 @@ def test_code_settings_fail_before_loading(monkeypatch):
 
     monkeypatch.setattr(runner, "load_model", no_load)
     with pytest.raises(ValueError, match=r"unknown benchmark 'mbpp_plus'; valid names: .*'humaneval'.*'livecodebench'"):
+        evaluate("tiny-llama", "mbpp_plus", None)
+    with pytest.raises(FileNotFoundError, match="--path: no such file: x.jsonl"):  # a name of your own data
         evaluate("tiny-llama", "mbpp_plus", "x.jsonl")
     with pytest.raises(ValueError, match="mbpp_split must be one of"):
         evaluate("tiny-llama", "mbpp", "x.jsonl", mbpp_split="dev")
