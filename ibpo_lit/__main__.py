@@ -35,7 +35,7 @@ from ibpo_lit.module import IBPOModule
 from ibpo_lit.rewards.functions import data_task as _rewards_task
 from ibpo_lit.scale import strategy as _registers_fsdp2  # noqa: F401 - `trainer.strategy: fsdp2`
 from ibpo_lit.trainer import Trainer
-from ibpo_lit.training.checkpoint_io import AtomicCheckpointIO
+from ibpo_lit.training.checkpoint_io import AtomicCheckpointIO, run_state
 
 # The module steps its optimizer itself, and a checkpoint after the step is exactly what resume
 # needs; Lightning's advice to stash pre-step weights does not apply.
@@ -169,6 +169,14 @@ class IBPOCLI(LightningCLI):
         given = list(config.get("callbacks") or []) + list(callbacks)
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in given):
             callbacks = [*callbacks, StepProgress()]
+        # A resumed run logs on in the TensorBoard version it started in (Lightning's default
+        # logger would open version_N+1 and split the run's curves in two).
+        version = run_state(self.config[self.subcommand].get("ckpt_path") if self.subcommand else None).get("logger_version")
+        if version is not None and config.get("logger") in (None, True):
+            from lightning.pytorch.loggers import TensorBoardLogger
+
+            config = {**config, "logger": TensorBoardLogger(save_dir=config.get("default_root_dir") or os.getcwd(),
+                                                            version=version)}
         return super()._instantiate_trainer(config, callbacks)
 
 

@@ -7,7 +7,8 @@ else is a bug or an environment failure and keeps its full traceback. ``IBPO_LIT
 shows the traceback of user errors too.
 
 What counts as a user error (`is_user_error`):
-- `UserError` and its subclasses (`ConfigError`, `ModelNotFoundError`, `ModelLoadError`), anywhere;
+- `UserError` and its subclasses (`ConfigError`, `ModelNotFoundError`, `ModelLoadError`,
+  `UnscorableRewardsError`, `HubPushError`), anywhere;
 - ``NonFiniteError`` (``max_nonfinite_steps`` in a row) and Lightning's
   ``MisconfigurationException`` (their messages say what to change);
 - `ValueError` and `FileNotFoundError` raised by ibpo-lit's own code (``ibpo_lit/``,
@@ -44,6 +45,17 @@ class ModelNotFoundError(UserError, FileNotFoundError):
 
 class ModelLoadError(UserError, OSError):
     """A hub id that could not be loaded (offline, a typo, no access)."""
+
+
+class UnscorableRewardsError(UserError, RuntimeError):
+    """The reward scored no response at all, ``model.max_unscorable_steps`` steps in a row (it
+    raises, hangs, returns the wrong length or type, or its sandbox cannot run): the message
+    names the reward and its last error."""
+
+
+class HubPushError(UserError, OSError):
+    """``export --push_to_hub`` could not upload (offline, not logged in, no access); the
+    folder was written, and the message says where and how to push it later."""
 
 
 def debug_enabled() -> bool:

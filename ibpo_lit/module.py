@@ -61,6 +61,7 @@ from ibpo_lit.training.rng_state import capture_rng_state, restore_rng_state
 from ibpo_lit.training.seeding import BENCHMARK_VALIDATION, MAIN_ROLLOUTS, VALIDATION, rollout_seeds
 from ibpo_lit.training.step_metrics import StepClock, step_metrics
 from ibpo_lit.training.step_types import ScoredRollouts
+from ibpo_lit.training.unscorable import UnscorableStreak
 from ibpo_lit.training.update import PolicyUpdate, UpdateRuntime
 
 # Metrics that count events on each rank: summed over ranks, not averaged.
@@ -103,6 +104,11 @@ class IBPOModule(L.LightningModule):
             reward: avg@k), with the rollouts' decoding settings and fixed seeds.
         max_nonfinite_steps: Stop after this many consecutive steps whose loss or gradient
             norm is not finite (each one is skipped and counted).
+        max_unscorable_steps: Stop, naming the reward and its last error, after this many
+            consecutive steps in which the reward could score no response at all (every process's
+            rollouts unscorable: it raised, hung, returned the wrong length or type, or the code
+            sandbox cannot run); such steps have no gradient. A step with any scorable response
+            resets the count; IBPO's corrections do not count (``training.unscorable``).
         gradient_checkpointing: Recompute activations in the backward pass to save memory.
         lora: Train low-rank adapters instead of every weight (``peft``; TRL's ``peft_config``,
             verl's ``lora_rank``): only the adapters are trained, stepped and checkpointed; the
@@ -127,6 +133,7 @@ class IBPOModule(L.LightningModule):
         reward_batch_size: Optional[int] = None,
         val_samples: int = 1,
         max_nonfinite_steps: int = 5,
+        max_unscorable_steps: int = 3,
         gradient_checkpointing: bool = False,
         logprob_chunk_tokens: Optional[int] = 4096,
         lora: Optional[LoRAConfig] = None,
@@ -156,6 +163,8 @@ class IBPOModule(L.LightningModule):
         self._reward_pool: Optional[WeightedRewards] = None
         self._val_pools: dict = {}  # data.val_benchmarks: a scoring pool per benchmark task
         self.max_nonfinite_steps = max_nonfinite_steps
+        # Stops a run whose reward scores nothing (raises, hangs, ...) instead of training on no gradient.
+        self.unscorable_streak = UnscorableStreak(max_unscorable_steps, [s.name for s in self.reward_specs])
         self.gradient_checkpointing = gradient_checkpointing
         if logprob_chunk_tokens is not None and logprob_chunk_tokens < 1:
             raise ValueError(f"logprob_chunk_tokens must be >= 1 or unset, got {logprob_chunk_tokens}")
@@ -307,6 +316,7 @@ class IBPOModule(L.LightningModule):
         rollouts, texts = self._generate(prompts)
         clock.mark("generate")
         rewards = self.score(texts, [prompts[g] for g in rollouts.group_index.tolist()])
+        self.unscorable_streak.check(rewards, self.sync, self._reward_failure())  # raises at the cap
         reward_metrics = self._reward_metrics()  # each reward's mean, of these rollouts
         step = ScoredRollouts(prompts=prompts, rollouts=rollouts, texts=texts, rewards=rewards, step=self.rollout_step)
 
@@ -417,6 +427,10 @@ class IBPOModule(L.LightningModule):
                                          [getattr(prompt, "columns", None) or {} for prompt in prompts])
         return torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
 
+    def _reward_failure(self) -> Optional[tuple[str, Optional[str]]]:
+        """``(reward, its last error)`` of the last `score` call's unscorable responses, or None."""
+        return self._reward_pool.last_failure if self._reward_pool is not None else None
+
     def _reward_metrics(self) -> dict[str, float]:
         """``reward/<name>``: each reward's mean over the responses it could score (NaN: none),
         of the last `score` call."""
@@ -515,6 +529,9 @@ class IBPOModule(L.LightningModule):
             "weights_version": self.updater.weights_version,
             "nonfinite_run": self.updater.nonfinite_run,
             "reward_counts": self._reward_totals(),
+            "unscorable_streak": self.unscorable_streak.state_dict(),  # the same on every rank
+            # The command line resumes logging into the same TensorBoard version (`run_state`).
+            "logger_version": self.logger.version if self.logger is not None else None,
             # Every rank's generators (a collective: Lightning calls this hook on every rank).
             "rng_per_rank": self.sync.gather(capture_rng_state()),
         }
@@ -531,6 +548,7 @@ class IBPOModule(L.LightningModule):
         self.updater.weights_version = state.get("weights_version", 0)
         self.updater.nonfinite_run = state.get("nonfinite_run", 0)
         self._reward_counts.update(state.get("reward_counts", {}))
+        self.unscorable_streak.load_state_dict(state.get("unscorable_streak", {}))
         self._pending_rng_state = self._own_rng_state(state)
         rounds = state.get("dynamic_sampling_per_rank")
         if self.group_filter is not None and rounds is not None:

@@ -1,12 +1,20 @@
 """`python -m ibpo_lit export` (issue 19, item 5): a trained checkpoint becomes a Hugging Face folder
 that transformers loads with the trainer's log-probs (fp32, 1e-5), chat template included; LoRA
-adapters are merged, and vLLM loads the merged folder with the same log-probs; bad input gets one line; --push_to_hub uploads the folder."""
+adapters are merged, and vLLM loads the merged folder with the same log-probs; bad input gets one line; --push_to_hub uploads the folder.
+
+A push that fails (issue 30, item 5) is tried for real, in a subprocess of ``python -m ibpo_lit
+export`` with no token: against a closed local port (offline: nothing answers) and against a
+local server answering as the hub does to a missing or read-only token (401, 403). Each ends
+with one ``ibpo-lit: error:`` line saying the folder is written, the cause, and how to push later."""
 from __future__ import annotations
 
+import http.server
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -127,3 +135,93 @@ def test_push_to_hub_uploads_the_folder(tmp_path, monkeypatch, parity_reward):
     (create, repo, kwargs), (upload, repo2, files) = calls
     assert (create, repo, kwargs["private"], upload, repo2) == ("create", "me/tiny-ibpo", True, "upload", "me/tiny-ibpo")
     assert "model.safetensors" in files and "tokenizer_config.json" in files
+
+
+# ------------------------------------------------------------------ a push that fails
+def _tiny_checkpoint(path) -> str:
+    """A checkpoint of the tiny model as a run writes it (its start weights: what a push fails on
+    does not depend on them), without a fit."""
+    from ibpo_lit.models.loading import build_builtin_model
+
+    model = build_builtin_model("tiny-llama", "float32", 1)
+    torch.save({"state_dict": {f"policy.{k}": v for k, v in model.state_dict().items()},
+                "hyper_parameters": {"model": "tiny-llama", "dtype": "float32", "rollout": {"seed": 1}}}, path)
+    return str(path)
+
+
+def _export_and_push(tmp_path, endpoint: str, repo: str = "me/tiny-ibpo") -> tuple[subprocess.CompletedProcess, str]:
+    """``python -m ibpo_lit export ... --push_to_hub`` against ``endpoint``, with no token anywhere."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE")}
+    env.update(HF_ENDPOINT=endpoint, HF_HOME=str(tmp_path / "hf_home"), HF_HUB_ETAG_TIMEOUT="5",
+               HF_HUB_DOWNLOAD_TIMEOUT="5", HF_HUB_DISABLE_TELEMETRY="1",
+               PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), ".."), env.get("PYTHONPATH", "")]))
+    out = str(tmp_path / "hf")
+    done = subprocess.run([sys.executable, "-m", "ibpo_lit", "export", "--ckpt_path",
+                           _tiny_checkpoint(tmp_path / "last.ckpt"), "--output_dir", out, "--push_to_hub", repo],
+                          capture_output=True, text=True, env=env, timeout=180)
+    return done, out
+
+
+def _one_line(done: subprocess.CompletedProcess, out: str) -> str:
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"ibpo-lit: error: the model folder was written to {out} (nothing is lost), but pushing "
+                           "it to the hub as 'me/tiny-ibpo' failed: "), line
+    assert line.endswith(f". Push it later with `hf upload me/tiny-ibpo {out} .`, or rerun this export with "
+                         "--push_to_hub once that is fixed"), line
+    assert os.path.isfile(os.path.join(out, "model.safetensors"))  # the folder is there
+    return line
+
+
+def test_a_push_without_network_says_the_folder_is_written(tmp_path):
+    with socket.socket() as closed:  # bound, never listening: every connection is refused
+        closed.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        done, out = _export_and_push(tmp_path, endpoint)
+    line = _one_line(done, out)
+    assert f"the hub at {endpoint} could not be reached (offline? ConnectError:" in line, line
+
+
+class _Refusing(http.server.BaseHTTPRequestHandler):
+    """Answers every request as the hub answers a missing (401) or read-only (403) token."""
+
+    status = 401
+
+    def _refuse(self):
+        body = json.dumps({"error": "Invalid credentials in Authorization header"}).encode()
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_HEAD = _refuse
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("status, cause", [
+    (401, "not logged in, or the token is not valid (run `hf auth login` or set HF_TOKEN)"),
+    (403, "the token may not write to 'me/tiny-ibpo'"),
+])
+def test_a_push_the_hub_refuses_says_why(tmp_path, status, cause):
+    handler = type("Refusing", (_Refusing,), {"status": status})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        done, out = _export_and_push(tmp_path, f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert f"failed: {cause}" in _one_line(done, out)
+
+
+def test_a_bad_repository_id_fails_before_the_export(tmp_path, capsys):
+    out = tmp_path / "hf"
+    assert export_main(["--ckpt_path", _tiny_checkpoint(tmp_path / "last.ckpt"), "--output_dir", str(out),
+                        "--push_to_hub", "not a repo/id!"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("ibpo-lit: error: --push_to_hub 'not a repo/id!' is not a hub repository id"), err
+    assert not out.exists()  # refused before any work

@@ -171,6 +171,8 @@ def test_sigkill_then_resume_equals_a_straight_run(tmp_path):
     data_key = next(k for k in a if k.endswith("PromptDataModule"))
     _assert_same_tensors(a[data_key], b[data_key], data_key)
 
+    # The resumed run logged on in the version it started in: one run, one set of curves.
+    assert sorted(p.name for p in (killed_root / "lightning_logs").iterdir()) == ["version_0"]
     logged_a, logged_b = _scalars(straight_root), _scalars(killed_root)
     assert "train/reward" in logged_a and "train/loss" in logged_a
     assert sorted(logged_a["train/grad_norm"]) == list(range(N))

@@ -61,14 +61,12 @@ from ibpo_lit.data.val_benchmarks import (
     benchmark_prompts,
     check_unique_names,
 )
+from ibpo_lit.rewards.functions import CUSTOM_TASK
 
 logger = logging.getLogger(__name__)
 
 SOURCES = ("arithmetic", "file", "dataset", "jsonl")  # "jsonl": the old name of "file"
 DEFAULT_INSTRUCTION = "Think step by step, then give the final answer after ####."
-# data.task when no built-in verifier scores the prompts (every reward a `package.module:function`
-# of the user's own): records need no answer, answer-style prompts and corrections otherwise.
-CUSTOM_TASK = "custom"
 
 
 class PromptDataModule(L.LightningDataModule):

@@ -10,6 +10,11 @@
   (adapters only) gets its adapters put on the base and merged in.
 - ``export``: ``save_pretrained`` (safetensors, config, generation config) and the tokenizer
   with its chat template into a folder that transformers and vLLM load as they load any model.
+- ``push_to_hub``: upload that folder. A push that fails (offline, not logged in, no access to
+  the repository) raises `HubPushError`: one line saying the folder is written, why the push
+  failed in a few words, and the ``hf upload`` command that pushes it later. Only the hub's and
+  the network's errors are caught (`huggingface_hub`'s, httpx's, requests', ``OSError``);
+  anything else keeps its traceback.
 
 Checkpoints pickle their hyperparameters (the config dataclasses), so they are read with
 ``weights_only=False``: export only checkpoints you trust.
@@ -22,6 +27,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+
+from ibpo_lit.errors import HubPushError
 
 POLICY_PREFIX = "policy."
 SHARDED_METADATA = "meta.pt"  # Lightning's ModelParallelStrategy writes the non-tensor state here
@@ -120,11 +127,71 @@ def export(ckpt_path: str, output_dir: str, model: Optional[str] = None, dtype: 
     return str(out)
 
 
+def check_repo_id(repo_id: str) -> None:
+    """Raise ``ValueError`` for a name the hub would refuse (before any export work is done)."""
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except ValueError as err:  # HFValidationError
+        raise ValueError(f"--push_to_hub {repo_id!r} is not a hub repository id (user/name): {err}") from None
+
+
 def push_to_hub(folder: str, repo_id: str, private: bool = False) -> str:
-    """Upload ``folder`` to the Hugging Face hub as model ``repo_id`` (created if needed)."""
+    """Upload ``folder`` to the Hugging Face hub as model ``repo_id`` (created if needed).
+
+    Raises:
+        HubPushError: the hub could not be reached or refused (the message says the folder is
+            kept, the cause, and the command that pushes it later).
+    """
     from huggingface_hub import HfApi
 
     api = HfApi()
-    api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
-    api.upload_folder(folder_path=folder, repo_id=repo_id, repo_type="model")
+    try:
+        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        api.upload_folder(folder_path=folder, repo_id=repo_id, repo_type="model")
+    except _hub_errors() as err:
+        later = f"hf upload {repo_id} {folder} .{' --private' if private else ''}"
+        raise HubPushError(
+            f"the model folder was written to {folder} (nothing is lost), but pushing it to the hub as "
+            f"{repo_id!r} failed: {push_failure(err, repo_id)}. Push it later with `{later}`, or rerun "
+            "this export with --push_to_hub once that is fixed"
+        ) from err
     return f"https://huggingface.co/{repo_id}"
+
+
+def _hub_errors() -> tuple[type[BaseException], ...]:
+    """What a failed push raises: the hub's errors are ``OSError``s, the HTTP clients' are not
+    (whichever of httpx, httpx2 and requests this huggingface_hub uses)."""
+    import importlib
+
+    errors: list[type[BaseException]] = [OSError]
+    for module, name in (("httpx", "HTTPError"), ("httpx2", "HTTPError"), ("requests", "RequestException"),
+                         ("huggingface_hub.errors", "HfHubHTTPError")):
+        try:
+            errors.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(errors)
+
+
+def push_failure(err: BaseException, repo_id: str) -> str:
+    """Why a push failed, in a few words: the HTTP status the hub answered, or no answer at all."""
+    response = getattr(err, "response", None)
+    status = getattr(response, "status_code", None)
+    if type(err).__name__ == "LocalTokenNotFoundError" or status == 401:
+        return "not logged in, or the token is not valid (run `hf auth login` or set HF_TOKEN)"
+    if status == 403:
+        return f"the token may not write to {repo_id!r} (a read-only token, or another user's or organisation's name)"
+    if status == 404:
+        return f"no access to {repo_id!r} (it does not exist, or this token cannot see it)"
+    if status is not None:
+        return f"the hub answered HTTP {status}"
+    if type(err).__name__ == "OfflineModeIsEnabled":
+        return "offline mode is on (HF_HUB_OFFLINE)"
+    detail = " ".join(str(err).split())[:200] or type(err).__name__
+    if isinstance(err, (PermissionError, FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+        return f"a local file could not be read ({type(err).__name__}: {detail})"  # not the network
+    from huggingface_hub import constants
+
+    return f"the hub at {constants.ENDPOINT} could not be reached (offline? {type(err).__name__}: {detail})"

@@ -244,16 +244,23 @@ def combine(parts: Sequence[Sequence[Optional[float]]], weights: Sequence[float]
     return out
 
 
+# data.task when every reward is a function of the user's own (no built-in verifier scores the
+# prompts): records need no gold answer; prompts and corrections are answer-style, as for math.
+CUSTOM_TASK = "custom"
+
+
 def data_task(reward: Optional[str], rewards: Optional[Sequence[Any]] = None) -> str:
     """``data.task`` from the rewards (linked in ``__main__``): ``code`` exactly when the code
-    reward is used (the prompts and corrections are then code prompts); otherwise the single
-    built-in reward's name; otherwise (an import path, several rewards) ``math``: answer-style
-    prompts."""
+    reward is used (the prompts and corrections are then code prompts); ``custom`` when every
+    reward is an import path (records may lack an answer); otherwise the single built-in
+    reward's name, or ``math`` (several built-in rewards): answer-style prompts."""
     names = [reward] if rewards is None else [_name_of(r) for r in rewards]
     names = [n if n is not None else "math" for n in names] or ["math"]
     if "code" in names:
         return "code"
-    if len(names) == 1 and isinstance(names[0], str) and not is_import_path(names[0]):
+    if all(isinstance(n, str) and is_import_path(n) for n in names):
+        return CUSTOM_TASK
+    if len(names) == 1 and isinstance(names[0], str):
         return names[0]
     return "math"
 

@@ -17,9 +17,12 @@ What is covered:
 - Unscorable (None), never a silent 0: every response of a batch that timed out, whose function
   raised, returned the wrong number of values or not a list, or whose worker died; a single
   response the function returned None/NaN or a non-number for. ``pool.stats`` counts them
-  (``ok``, ``timeout``, ``error``, ``none``) for logging. Each kind of failure is logged once per
-  pool at WARNING, one line naming the reward and the cause (no traceback), later ones at DEBUG;
-  every timeout is a WARNING (a worker is killed).
+  (``ok``, ``timeout``, ``error``, ``none``) for logging, and ``pool.last_error`` says in a few
+  words what the latest failure was (an exception with where it was raised, a timeout, a wrong
+  length): what the trainer names when it stops a run whose reward scores nothing
+  (``model.max_unscorable_steps``). Each kind of failure is logged once per pool at WARNING,
+  one line naming the reward and the cause (no traceback), later ones at DEBUG; every timeout
+  is a WARNING (a worker is killed).
 - Workers are fresh interpreters (``python -c``, fork + exec like multiprocessing's "spawn", so
   nothing of the trainer's threads or torch state is inherited). Unlike "spawn" they do not
   re-import the parent's ``__main__`` script, so a worker imports only `ibpo_lit.rewards` (and
@@ -54,6 +57,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -145,6 +149,7 @@ class RewardPool:
         self.batch_size = batch_size if is_import_path(reward) else 1
         self._warned: set[str] = set()  # kinds of failure already logged at WARNING
         self.stats: dict[str, int] = {"ok": 0, "timeout": 0, "error": 0, "none": 0}
+        self.last_error: str | None = None  # the latest failure's cause, in a few words
         self.restarts = 0  # workers replaced after a timeout or a death
         self._lost_starts = 0  # workers killed by a signal before "ready", in a row
         self._owner_pid = os.getpid()
@@ -313,6 +318,8 @@ class RewardPool:
                     self.timeout_s, w.pid,
                 )
                 self.stats["timeout"] += len(w.items)
+                self.last_error = (f"timed out after {self.timeout_s * len(w.items):.1f} s on a batch of "
+                                   f"{len(w.items)} response(s) (model.reward_timeout_s: {self.timeout_s:g} s each)")
                 self._replace(w)
 
     def _receive(self, w: _Worker, results: list[float | None]) -> None:
@@ -327,7 +334,8 @@ class RewardPool:
                 logger.warning("reward worker %d was killed (signal %d) while starting; restarting it", w.pid, -code)
                 self._replace(w)
                 return
-            self._failed("died", f"lost its worker {w.pid}, which died while scoring", w.items)
+            self._failed("died", f"lost its worker {w.pid}, which died while scoring", w.items,
+                         "its worker process died while scoring")
             self._replace(w)
             return
         kind = msg[0]
@@ -339,8 +347,8 @@ class RewardPool:
         else:
             first = msg[1]
             assert w.state == "busy" and first == w.items[0], f"worker {w.pid}: reply for {first}, expected {w.items[0]}"
-            if kind == "error":  # the call failed as a whole: (kind of failure, message)
-                self._failed(msg[2], msg[3], w.items)
+            if kind == "error":  # the call failed as a whole: (kind of failure, message, short cause)
+                self._failed(msg[2], msg[3], w.items, msg[4])
             else:
                 values, errors = msg[2], msg[3]
                 for j, (i, value) in enumerate(zip(w.items, values)):
@@ -348,17 +356,20 @@ class RewardPool:
                         self.stats["error"] += 1
                     elif value is None:
                         self.stats["none"] += 1
+                        self.last_error = "returned None or NaN (cannot score)"
                     else:
                         self.stats["ok"] += 1
                         results[i] = value
                 if errors:
                     j, why = next(iter(errors.items()))
+                    self.last_error = why
                     self._warn_once("bad value", f"{why} (response {w.items[j]}; {len(errors)} such in this batch)")
             w.state, w.items = "idle", []
 
-    def _failed(self, kind: str, why: str, items: list[int]) -> None:
-        """A whole batch is unscorable: counted as errors, logged."""
+    def _failed(self, kind: str, why: str, items: list[int], cause: str) -> None:
+        """A whole batch is unscorable: counted as errors, logged; ``cause`` becomes ``last_error``."""
         self.stats["error"] += len(items)
+        self.last_error = cause
         self._warn_once(kind, f"{why}, on a batch of {len(items)} response(s)")
 
     def _warn_once(self, kind: str, message: str) -> None:
@@ -398,9 +409,22 @@ def _short(e: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+_COMPREHENSIONS = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
+
+
+def _raised_at(e: BaseException) -> str:
+    """Where ``e`` was raised: `` in fn at file.py:12`` (the innermost frame's line, and the
+    function around it rather than a comprehension's own frame), or ""."""
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return ""
+    function = next((f.name for f in reversed(frames) if f.name not in _COMPREHENSIONS), frames[-1].name)
+    return f" in {function} at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}"
+
+
 def _worker_main(conn: Connection, init: dict) -> None:
     """A worker's loop: recv (first, prompts, completions, columns), call the reward once,
-    reply ("ok", first, values, {j: error}) or ("error", first, kind, message); exit on EOF."""
+    reply ("ok", first, values, {j: error}) or ("error", first, kind, message, cause); exit on EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _set_parent_death_signal(init["parent_pid"])
     try:
@@ -420,11 +444,12 @@ def _worker_main(conn: Connection, init: dict) -> None:
             try:
                 values = fn(prompts, completions, **columns)
             except Exception as e:  # noqa: BLE001 - an unscorable batch, not a dead worker
-                reply = ("error", first, f"raised {type(e).__name__}", f"raised {type(e).__name__}: {_short(e)}")
+                reply = ("error", first, f"raised {type(e).__name__}", f"raised {type(e).__name__}: {_short(e)}",
+                         f"{type(e).__name__}: {_short(e)}{_raised_at(e)}")
                 continue
             try:
                 reply = ("ok", first, *check_values(values, len(completions)))
             except RewardOutputError as e:
-                reply = ("error", first, "bad output", str(e))
+                reply = ("error", first, "bad output", str(e), str(e))
     except (EOFError, OSError):  # the parent closed the pool or died
         return

@@ -8,7 +8,8 @@ processes that call it in batches, killed past the timeout.
 
 Both answer ``score(pairs, prompts=None, columns=None) -> list[float | None]`` (None:
 unscorable; the sandbox needs only the (completion, gold) pairs), ``unscorable`` (counts by
-cause: ``timeout``, ``error``, ``none``) and ``close()``.
+cause: ``timeout``, ``error``, ``none``), ``last_error`` (the latest failure's cause on one
+line, or None) and ``close()``.
 
 `WeightedRewards` scores several rewards, each in its own pool, one after the other, and sums
 them with their weights (`ibpo_lit.rewards.functions.combine`: a response unscorable in any
@@ -46,7 +47,8 @@ class WeightedRewards:
 
     ``last_parts`` holds each reward's values of the last `score` call by label (``reward/<label>``
     in the logs); ``stats`` and ``unscorable`` add up the pools' counts (a response unscorable in
-    two rewards counts twice there, once in ``train/unscorable``).
+    two rewards counts twice there, once in ``train/unscorable``); ``last_failure`` names the
+    reward that left the last call's responses unscorable and its last error.
     """
 
     def __init__(self, specs: Sequence[RewardSpec], make_pool: Callable[[str], Union[RewardPool, SandboxPool]]):
@@ -67,6 +69,18 @@ class WeightedRewards:
         parts = [pool.score(pairs, prompts, columns) for pool in self.pools]
         self.last_parts = dict(zip(self.labels, parts))
         return combine(parts, [s.weight for s in self.specs])
+
+    @property
+    def last_failure(self) -> Optional[tuple[str, Optional[str]]]:
+        """``(reward, its last error)`` for the reward of non-zero weight that left the most
+        responses of the last `score` call unscorable (the first such on a tie); None when
+        every response was scored."""
+        worst, missing = None, 0
+        for spec, pool, values in zip(self.specs, self.pools, self.last_parts.values()):
+            count = sum(v is None for v in values)
+            if spec.weight != 0 and count > missing:
+                worst, missing = (spec.name, getattr(pool, "last_error", None)), count
+        return worst
 
     @property
     def stats(self) -> dict[str, int]:

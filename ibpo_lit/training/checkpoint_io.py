@@ -86,3 +86,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
         atomic_torch_save(checkpoint, path)
+
+
+def run_state(ckpt_path: Optional[str]) -> dict:
+    """The ``ibpo_lit`` entry of a checkpoint (`IBPOModule.on_save_checkpoint`) without reading
+    its weights: a file is memory-mapped, a sharded checkpoint's ``meta.pt`` holds it. ``{}`` for
+    a keyword (``last``), a missing or unreadable path (the config checks report those)."""
+    if not ckpt_path or not os.path.exists(ckpt_path):
+        return {}
+    path = os.path.join(ckpt_path, "meta.pt") if os.path.isdir(ckpt_path) else ckpt_path
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=not os.path.isdir(ckpt_path))
+    except Exception:  # noqa: BLE001 - a damaged checkpoint is reported where it is loaded
+        return {}
+    state = checkpoint.get("ibpo_lit", {}) if isinstance(checkpoint, dict) else {}
+    return state if isinstance(state, dict) else {}

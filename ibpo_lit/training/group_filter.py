@@ -11,6 +11,9 @@ update holds as many as configured (``AlgorithmConfig.dynamic_sampling``).
   global counts. The update's groups are the first ``target`` informative groups in the order
   (round, rank, group), each rank taking its contiguous share: the rows one process would
   train, split as every other step of a multi-process run is.
+- An update whose rounds reach ``max_rounds`` short of the target is not silent: rank 0 logs
+  one WARNING line per such update (`shortfall_message`: how many were found, what the update
+  trains, what to change), and ``train/missing_groups`` is the number it lacked (0 otherwise).
 
 Why not verl's code: verl keeps the informative groups of a single-controller batch; here each
 rank holds its own rows and the layout must match a single process, and ibpo-lit's corrections
@@ -18,6 +21,7 @@ ride along with their groups.
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import replace
 from typing import Any, Optional, Sequence
@@ -27,6 +31,8 @@ from torch import Tensor
 
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.training.step_types import Corrections, ScoredRollouts
+
+logger = logging.getLogger(__name__)
 
 # Per-round metrics that count events: summed over the rounds of an update, the others averaged.
 COUNTED = ("train/unscorable", "train/corrections", "train/corrections_skipped_long", "train/masked_truncated")
@@ -157,6 +163,7 @@ class InformativeGroups:
         self.filtered = 0  # uninformative groups dropped, this rank
         self.round_metrics: list[dict[str, float]] = []
         self.used = 0  # informative groups the update trains (all ranks)
+        self.target = 0  # informative groups an update wants (all ranks)
 
     def add(self, step: ScoredRollouts, metrics: dict[str, float], sync, rank: int = 0) -> Optional[ScoredRollouts]:
         """Take an assembled round (and its ``assemble_update`` metrics); the step to update on
@@ -171,11 +178,13 @@ class InformativeGroups:
         self.filtered += len(step.prompts) - len(groups)
         self.round_metrics.append(metrics)
         world = sync.world_size if sync.active else 1
-        target = len(step.prompts) * world
+        target = self.target = len(step.prompts) * world
         (found,) = sync.sum([float(len(groups))])
         self.total += int(found)
         if self.total < target and self.rounds < self.max_rounds:
             return None
+        if self.total < target and rank == 0:  # the cap, short: say so, once per such update
+            logger.warning(shortfall_message(self.total, target, self.rounds, world))
         if self.total < world:  # too few to give every process a group: the last round as it is
             return step
         everyone = sync.gather(self.kept)  # [rank] -> [(round, step)]
@@ -194,12 +203,14 @@ class InformativeGroups:
             if values:
                 out[key] = sum(values) if key in COUNTED else sum(values) / len(values)
         out.update({"train/filtered_groups": float(self.filtered), "train/generation_rounds": float(self.rounds),
-                    "train/informative_groups": float(self.total), "train/trained_groups": float(self.used)})
+                    "train/informative_groups": float(self.total), "train/trained_groups": float(self.used),
+                    "train/missing_groups": float(max(self.target - self.used, 0))})
         self.reset()
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """The rounds in progress (a checkpoint taken between two updates resumes them)."""
+        """The rounds in progress (a checkpoint taken between two updates resumes them; ``target``
+        is set again by the next round)."""
         return {"kept": self.kept, "rounds": self.rounds, "total": self.total, "filtered": self.filtered,
                 "round_metrics": self.round_metrics}
 
@@ -207,3 +218,18 @@ class InformativeGroups:
         self.reset()
         for key, value in state.items():
             setattr(self, key, value)
+
+
+def shortfall_message(found: int, wanted: int, rounds: int, world: int) -> str:
+    """One line for an update whose ``rounds`` reached ``max_rounds`` with ``found`` of the
+    ``wanted`` informative groups (over ``world`` processes): what happened and what to do."""
+    fixes = ("Raise model.algorithm.dynamic_sampling.max_rounds, make the task harder or easier for the model, "
+             "or turn dynamic sampling off")
+    if found == 0:
+        return (f"dynamic sampling: 0 informative groups in {rounds} round(s) (in every group the rewards were "
+                f"all equal, e.g. all right or all wrong, or unscorable); this update trains on nothing. {fixes}")
+    if found < world:
+        return (f"dynamic sampling: {found} informative group(s) of {wanted} wanted in {rounds} round(s), fewer than "
+                f"the {world} processes; this update trains on the last round as it is. {fixes}")
+    return (f"dynamic sampling: {found} informative group(s) of {wanted} wanted in {rounds} round(s) (the others' "
+            f"rewards were all equal); this update trains on those {found}. {fixes}")

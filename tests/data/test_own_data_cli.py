@@ -108,18 +108,12 @@ def test_a_conversational_file_trains_with_corrections(tmp_path):
 
 @pytest.mark.slow
 def test_prompt_only_data_trains_with_a_reward_of_your_own(tmp_path):
-    """The command line's objects, with the data module a custom reward gets (``data.task: custom``)."""
-    from ibpo_lit.data import PromptDataModule
-    from ibpo_lit.data.datamodule import CUSTOM_TASK
-
+    """The command line as a user runs it: ``model.reward: pkg:fn`` makes ``data.task: custom``."""
     data = _write(tmp_path / "haikus.jsonl", HAIKUS)
     reward = "own_data_rewards:inputs_as_documented"
-    args = _fit_args(tmp_path, data, "--model.reward", reward, "--data.question_key", "prompt", steps=2)
-    cli = main(args[1:], run=False)  # without "fit": parse and instantiate only
-    dm = PromptDataModule(train_path=str(data), question_key="prompt", instruction="", task=CUSTOM_TASK,
-                          max_prompt_tokens=256)
-    cli.trainer.fit(cli.model, datamodule=dm)
-    assert cli.trainer.global_step == 2
+    cli = main(_fit_args(tmp_path, data, "--model.reward", reward, "--data.question_key", "prompt",
+                         "--data.instruction", "", steps=2))
+    assert cli.datamodule.task == "custom" and cli.trainer.global_step == 2
     logged = cli.trainer.logged_metrics
     # every response scored 1.0: the reward got the problem texts, gold None, answer None, the topics
     assert float(logged["train/reward"]) == 1.0 and float(logged["train/unscorable"]) == 0.0

@@ -122,7 +122,7 @@ def test_labels_columns_and_data_task():
     assert reward_label("pkg.mod:judge.score") == "score"
     assert stack_columns([{"a": 1, "b": 2}, {"a": 3}]) == {"a": [1, 3], "b": [2, None]}
     assert data_task(None) == "math" and data_task("code") == "code" and data_task("flaky") == "flaky"
-    assert data_task("pkg.mod:fn") == "math"
+    assert data_task("pkg.mod:fn") == "custom"  # rewards of the user's own only: records need no answer
     assert data_task(None, [{"name": "math"}, {"name": "code", "weight": 0.5}]) == "code"
     assert data_task(None, [RewardSpec("math"), RewardSpec("pkg.mod:fn")]) == "math"
 
@@ -268,7 +268,7 @@ def test_a_tiny_fit_with_weighted_import_path_rewards(user_module, tmp_path, mon
     cli = main(["fit", "--config", os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny.yaml"),
                 "--trainer.max_steps", "2", "--trainer.default_root_dir", str(tmp_path),
                 "--trainer.enable_progress_bar", "false", "--model.rewards", rewards, "--model.reward_workers", "2"])
-    assert cli.datamodule.task == "math"  # answer-style prompts; the task follows the rewards
+    assert cli.datamodule.task == "custom"  # the task follows the rewards: the user's own, answer-style prompts
 
     events = next((tmp_path / "lightning_logs" / "version_0").glob("events.out.tfevents.*"))
     acc = EventAccumulator(str(events))

@@ -9,8 +9,12 @@ What is covered:
   thread, so a slow program holds one slot for at most its ``timeout_s`` plus a grace period,
   and a batch of n programs takes at most about ``ceil(n / num_workers)`` such periods.
 - ``pool.stats``: counts of ``pass``, ``fail``, ``timeout``, ``memory``, ``error`` and
-  ``unscorable`` (bad gold, or the harness failed), since the pool was made. Each `run` logs
-  its batch's counts and throughput at INFO, and unscorable items at WARNING.
+  ``unscorable`` (bad gold, the harness failed, or the sandbox cannot run on this host at all:
+  `SandboxUnavailable`), since the pool was made; ``pool.last_error`` is the latest unscorable
+  item's cause on one line (what the trainer names when it stops a run whose reward scores
+  nothing, ``model.max_unscorable_steps``). Each `run` logs its batch's counts and throughput
+  at INFO, and unscorable items at WARNING (`SandboxUnavailable` once per pool, later ones at
+  DEBUG: it is the same for every program).
 
 What is not covered:
 - Priorities or cancellation of submitted work (``close`` waits for what is running).
@@ -33,6 +37,7 @@ from ibpo_lit.rewards.code import (
     SandboxError,
     run_code_tests,
 )
+from ibpo_lit.rewards.sandbox.isolation import SandboxUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +59,8 @@ class SandboxPool:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.num_workers = num_workers
         self.stats: Counter[str] = Counter({s: 0 for s in (*STATUSES, UNSCORABLE)})
+        self.last_error: str | None = None  # the latest unscorable item's cause, one line
+        self._warned_unavailable = False  # SandboxUnavailable logged at WARNING already
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="code-sandbox")
 
@@ -101,11 +108,27 @@ class SandboxPool:
         self.close()
 
     def _one(self, completion: str, gold: str) -> CodeResult | None:
+        cause, unavailable, level = None, False, logging.WARNING
         try:
             result = run_code_tests(completion, CodeTests.from_gold(gold))
-        except (ValueError, TypeError, SandboxError) as e:
-            logger.warning("code sandbox: unscorable program: %s", e)
-            result = None
+        except (ValueError, TypeError, SandboxError, SandboxUnavailable) as e:
+            # SandboxUnavailable (no bwrap, no user namespaces) makes every program unscorable:
+            # the trainer stops such a run after model.max_unscorable_steps, naming this cause.
+            result, cause = None, f"{type(e).__name__}: {_one_line(e)}"
+            unavailable = isinstance(e, SandboxUnavailable)
         with self._lock:
             self.stats[result.status if result is not None else UNSCORABLE] += 1
+            if cause is not None:
+                self.last_error = cause
+                if unavailable:
+                    level = logging.DEBUG if self._warned_unavailable else logging.WARNING
+                    self._warned_unavailable = True
+        if cause is not None:
+            logger.log(level, "code sandbox: unscorable program: %s", cause)
         return result
+
+
+def _one_line(e: BaseException, limit: int = 400) -> str:
+    """An exception's message on one line, at most ``limit`` characters."""
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
