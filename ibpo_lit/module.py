@@ -36,6 +36,7 @@ from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
 from ibpo_lit.config_checks import check_fit_settings
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.data.val_benchmarks import VAL_SET_KEY
+from ibpo_lit.models.hf_compat import enable_activation_checkpointing
 from ibpo_lit.models.lora import LoRAConfig, adapter_state, apply_lora
 from ibpo_lit.models.loading import (
     BUILTIN_MODELS,
@@ -209,7 +210,7 @@ class IBPOModule(L.LightningModule):
             self.policy = apply_lora(self.policy, self.lora)
         self.policy.train()  # from_pretrained returns eval mode; dropout is off either way (load_policy)
         if self.gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(self.policy, {"use_reentrant": False})
         if self.algorithm.beta_kl > 0 and self.lora is None:
             # (With LoRA the reference is the base, adapters off: `PolicyUpdate.ref_logprobs`.)
             # Frozen copy of the initial policy; dropout is already off (see load_policy). A

@@ -24,8 +24,11 @@ def batch(model):
     """3 prompts of different lengths x 4 samples, responses of 2 to 20 tokens."""
     tokenizer = build_tiny_tokenizer()
     texts = ["hi", "what is 12 + 30?", "a much longer prompt, so the others get left padding"]
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True)["input_ids"]
-               for t in texts]
+    # tokenize=False then encode: transformers 4 returns a list from a tokenizing
+    # apply_chat_template and 5 a BatchEncoding; the text is the same in both.
+    chats = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
+             for t in texts]
+    prompts = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in chats]
     bias = torch.zeros(model.config.vocab_size)
     bias[EOS] = 2.5  # EOS likely enough that lengths spread out
     handle = model.lm_head.register_forward_hook(lambda module, args, out: out + bias)

@@ -96,6 +96,7 @@ def evaluate(
     top_k: int = 20,
     min_p: float = 0.0,
     max_new_tokens: int = 1024,
+    repetition_penalty: float = 1.0,
     instruction: str | None = None,
     system_prompt: str | None = None,
     chat_template_kwargs: Optional[dict[str, Any]] = None,
@@ -140,6 +141,8 @@ def evaluate(
         top_k: Keep the k most likely tokens (paper: 20); 0 disables it, 1 is greedy.
         min_p: Min-p filter (paper: 0); 0 disables it.
         max_new_tokens: Longest response in tokens; longer ones are cut and count as truncated.
+        repetition_penalty: vLLM's and transformers' repetition penalty (> 1 discourages tokens
+            already in the prompt or the response); 1 disables it.
         instruction: Appended to each problem. None: math "Think step by step, then give the final
             answer after ####." (answers after ``####`` or in ``\\boxed{}`` are read); code "Write
             your solution in Python, in a single ```python code block.".
@@ -181,7 +184,7 @@ def evaluate(
         scores, answers (math) or test_fracs and statuses (code), and the baselines' fields).
     """
     start = time.perf_counter()
-    sampling = SamplingConfig(temperature, top_p, top_k, min_p, max_new_tokens)  # validates
+    sampling = SamplingConfig(temperature, top_p, top_k, min_p, max_new_tokens, repetition_penalty)  # validates
     _check_settings(k=k, limit=limit, batch_size=batch_size, dtype=dtype, sandbox_workers=sandbox_workers)
     if backend not in ("hf", "vllm"):
         raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}")
@@ -232,7 +235,7 @@ def evaluate(
         "mbpp_split": mbpp_split if task == "code" else None,
         "seed": seed,
         "decoding": {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
-                     "max_new_tokens": max_new_tokens},
+                     "max_new_tokens": max_new_tokens, "repetition_penalty": repetition_penalty},
         "record_format": None if fmt is None else {"question_key": fmt.question_key, "answer_key": fmt.answer_key,
                                                    "answer_format": fmt.answer_format},
         "instruction": instruction,

@@ -69,6 +69,7 @@ def evaluate_command(cfg: dict, ckpt_path: str | None, held_out_path: str, n: in
            "--benchmark", "gsm8k", "--path", held_out_path, "--limit", str(n), "--k", str(k),
            "--temperature", str(sampling.temperature), "--top_p", str(sampling.top_p), "--top_k", str(sampling.top_k),
            "--min_p", str(sampling.min_p), "--max_new_tokens", str(sampling.max_new_tokens),
+           "--repetition_penalty", str(sampling.repetition_penalty),
            "--seed", str(seed), "--backend", backend, "--batch_size", str(batch_size), "--output", output]
     if data.get("instruction") is not None:
         cmd += ["--instruction", data["instruction"]]

@@ -4,6 +4,7 @@ Engines know models and samplers; they know nothing of rewards or losses.
 """
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Sequence
@@ -22,6 +23,13 @@ class SamplingConfig:
         top_k: Keep the k most likely tokens; 0 disables it.
         min_p: Drop tokens whose probability is below ``min_p`` times the top token's; 0 disables it.
         max_new_tokens: Longest response, in tokens; a response cut here is marked unfinished.
+        repetition_penalty: vLLM's and transformers' repetition penalty (> 0): every token
+            already in the prompt or the response so far has its logit divided by it when
+            positive and multiplied by it when negative, before the temperature. Above 1
+            discourages repeats, below 1 encourages them; 1 turns it off. Like the filters, it
+            changes only how tokens are drawn: the log-probs returned and trained on stay the
+            model's own ``softmax(logits / temperature)``, without the penalty (as verl and TRL
+            train), so with a penalty the rollouts are drawn slightly off the trained policy.
     """
 
     temperature: float = 1.0
@@ -29,6 +37,7 @@ class SamplingConfig:
     top_k: int = 0
     min_p: float = 0.0
     max_new_tokens: int = 256
+    repetition_penalty: float = 1.0  # last: callers build this positionally
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
@@ -41,6 +50,9 @@ class SamplingConfig:
             raise ValueError(f"sampling.min_p must be in [0, 1), got {self.min_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            raise ValueError(f"sampling.repetition_penalty must be a finite number > 0 (1 = off), "
+                             f"got {self.repetition_penalty}")
 
 
 def check_generate_args(prompts: Sequence[Sequence[int]], n: int, seeds: Sequence[int]) -> None:

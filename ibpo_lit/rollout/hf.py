@@ -5,11 +5,16 @@ What is covered:
       no weight sync), in eval mode and without gradients, restoring the training flag after.
     * Left-padded prompts, a KV cache, per-row ``position_ids``, stop at any EOS id (the EOS is
       part of the response), ``max_new_tokens`` cut-off (such rows are ``finished=False``).
-    * Temperature, top-k, top-p and min-p through transformers' logits warpers.
+    * Temperature, top-k, top-p and min-p through transformers' logits warpers, and a
+      repetition penalty through its ``RepetitionPenaltyLogitsProcessor`` (on the raw logits,
+      before the temperature, as ``generate`` and vLLM apply it), over each row's own prompt
+      and response tokens only: its left padding never counts (see ``_penalty_history``), so a
+      row's tokens still depend only on (prompt, seed, weights).
     * Per-rollout seeds: row ``b`` draws its sampling uniforms from its own ``torch.Generator``
       seeded with ``seeds[b]``, so its tokens depend only on (prompt, seed, weights).
     * ``rollout_logp``: log-prob of each sampled token under ``softmax(logits / temperature)``
-      before top-k/top-p/min-p filtering, through ``token_logprobs`` (the trainer's function).
+      before the repetition penalty and top-k/top-p/min-p filtering, through ``token_logprobs``
+      (the trainer's function): the model's own distribution, the one the trainer trains.
     * No work twice: each distinct prompt is prefilled once and its KV cache indexed out to its
       ``n`` rows; a row that ends leaves the batch (its cache rows are dropped), so the
       decode steps after it cost nothing for it (what that saves: docs/benchmarks.md).
@@ -43,11 +48,13 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
 
 from ibpo_lit.algorithms.logprobs import token_logprobs
+from ibpo_lit.models.hf_compat import cache_kwargs, output_cache
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.rollout.engine import RolloutEngine, SamplingConfig, check_generate_args
 from ibpo_lit.scale.fsdp2 import gathered_weights
@@ -126,6 +133,9 @@ class HFRolloutEngine(RolloutEngine):
         num_rows, max_new = len(prompts), sampling.max_new_tokens
         generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
         warpers = _logits_warpers(sampling)
+        penalty = _repetition_penalty(sampling)  # None at 1.0: not a single extra op
+        # [B, Lp + max_new] the tokens each row has seen, for the penalty
+        history = _penalty_history(prompt_ids, prompt_mask, max_new) if penalty is not None else None
         eos = torch.tensor(self.eos_token_ids, device=device)
         temperature = sampling.temperature
 
@@ -143,10 +153,14 @@ class HFRolloutEngine(RolloutEngine):
         active = torch.arange(num_rows, device=device)  # [A] rows still decoding
         width = 0
         for step in range(max_new):
-            scores = warpers(None, logits / temperature)  # -inf outside the kept set
+            # The penalty returns a new tensor: `logits` stay the model's own for the log-probs.
+            penalised = logits if penalty is None else penalty(history[active, : lp + step], logits)
+            scores = warpers(None, penalised / temperature)  # -inf outside the kept set
             token = _sample_rows(scores, [generators[i] for i in active.tolist()], device)
             tokens[active, step] = token
-            logps[active, step] = token_logprobs(logits, token, temperature=temperature)  # before filtering
+            logps[active, step] = token_logprobs(logits, token, temperature=temperature)  # before penalty and filters
+            if history is not None:
+                history[active, lp + step] = token
             masks[active, step] = True
             width = step + 1
             ended = torch.isin(token, eos)
@@ -162,8 +176,8 @@ class HFRolloutEngine(RolloutEngine):
                 input_ids=token[:, None],
                 attention_mask=attention_mask[:, : lp + step + 1],
                 position_ids=next_position,
-                past_key_values=cache,
                 use_cache=True,
+                **cache_kwargs(cache),
             )
             logits = out.logits[:, -1, :].float()  # [A, V]
             next_position = next_position + 1
@@ -191,11 +205,11 @@ class HFRolloutEngine(RolloutEngine):
             input_ids=ids,
             attention_mask=mask,
             position_ids=(mask.cumsum(dim=1) - 1).clamp(min=0),
-            past_key_values=DynamicCache(config=self.model.config),
             use_cache=True,
             logits_to_keep=1,
+            **cache_kwargs(DynamicCache(config=self.model.config)),
         )
-        cache = out.past_key_values
+        cache = output_cache(out)
         if len(distinct) < len(prompts):
             cache.batch_select_indices(inverse)
         return out.logits[:, -1, :].float()[inverse], cache, mask[inverse]
@@ -220,6 +234,30 @@ def _logits_warpers(sampling: SamplingConfig) -> LogitsProcessorList:
     if sampling.min_p > 0.0:
         warpers.append(MinPLogitsWarper(min_p=sampling.min_p))
     return warpers
+
+
+def _repetition_penalty(sampling: SamplingConfig) -> RepetitionPenaltyLogitsProcessor | None:
+    """transformers' repetition penalty (a token seen in the row: positive logit / penalty,
+    negative logit * penalty), or None when it is 1 (off)."""
+    if sampling.repetition_penalty == 1.0:
+        return None
+    return RepetitionPenaltyLogitsProcessor(penalty=float(sampling.repetition_penalty))
+
+
+def _penalty_history(prompt_ids: Tensor, prompt_mask: Tensor, max_new: int) -> Tensor:
+    """The token ids [B, Lp + max_new] the repetition penalty looks at: each row's prompt,
+    then its response as it is decoded (written in by the loop at ``Lp + step``).
+
+    The penalty marks every id it is given, and left padding is the pad token, which a prompt
+    may not contain: counting it would make a row's sampling depend on the other prompts of its
+    batch. So padding, and the response columns not decoded yet, hold the row's first prompt
+    token, which the row has anyway (prompts are never empty): marking it again changes nothing.
+    """
+    first_real = (~prompt_mask).sum(dim=1, keepdim=True)  # [B, 1] index of the first prompt token
+    first = prompt_ids.gather(1, first_real)  # [B, 1]
+    history = first.expand(-1, prompt_ids.shape[1] + max_new).clone()
+    history[:, : prompt_ids.shape[1]] = torch.where(prompt_mask, prompt_ids, first)
+    return history
 
 
 def _sample_rows(scores: Tensor, generators: list[torch.Generator], device: torch.device) -> Tensor:

@@ -8,9 +8,10 @@ What is covered:
       stay in the response, as with the HF engine. ``finished`` is vLLM's ``finish_reason ==
       "stop"``.
     * ``rollout_logp``: vLLM's log-prob of each sampled token with ``logprobs_mode=
-      "processed_logprobs"``: after temperature *and* top-k/top-p/min-p, i.e. the distribution
-      the token was really drawn from. With no filter on (the paper's settings) that is the
-      trainer's ``log_softmax(logits / T)``; with filters the two differ by the filtered mass.
+      "processed_logprobs"``: after the repetition penalty, temperature *and* top-k/top-p/min-p,
+      i.e. the distribution the token was really drawn from. With no penalty and no filter on
+      (the paper's settings) that is the trainer's ``log_softmax(logits / T)``; otherwise the
+      two differ (the HF engine returns the trainer's, without penalty and filters).
       The trainer recomputes its own old log-probs by default (``rollout.old_logp: trainer``),
       so this only feeds ``rollout/logprob_mismatch`` unless a user asks for it.
     * ``sync_weights``: in-process ``collective_rpc("reload_weights", weights_iterator=...,
@@ -309,6 +310,7 @@ class VLLMRolloutEngine(RolloutEngine):
                 top_p=sampling.top_p,
                 top_k=sampling.top_k if sampling.top_k > 0 else -1,
                 min_p=sampling.min_p,
+                repetition_penalty=sampling.repetition_penalty,  # vLLM's definition is ours (SamplingConfig)
                 max_tokens=sampling.max_new_tokens,
                 logprobs=0,  # the sampled token's own log-prob
                 stop_token_ids=self.eos_token_ids,

@@ -53,6 +53,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from ibpo_lit.algorithms.logprobs import token_entropy, token_logprobs
+from ibpo_lit.models.hf_compat import cache_kwargs, is_activation_checkpointing, output_cache
 from ibpo_lit.rollout.batch import RolloutBatch
 
 BUCKET_OVERHEAD_TOKENS = 32
@@ -131,7 +132,7 @@ def _response_stats(model, batch: RolloutBatch, stats: _Stats, single_pass: bool
         single_pass
         or len(batch) < 2
         or batch.response_ids.shape[1] < 2
-        or getattr(model, "is_gradient_checkpointing", False)
+        or is_activation_checkpointing(model)
     ):
         return _per_row_logprobs(model, batch, stats, chunk_tokens)
     return _shared_prompt_logprobs(model, batch, stats, *_distinct_prompts(batch), chunk_tokens=chunk_tokens)
@@ -249,11 +250,11 @@ def _shared_prompt_logprobs(
         input_ids=prompt_ids,
         attention_mask=prompt_mask,
         position_ids=(prompt_mask.cumsum(dim=1) - 1).clamp(min=0),
-        past_key_values=DynamicCache(config=model.config),
         use_cache=True,
         logits_to_keep=1,
+        **cache_kwargs(DynamicCache(config=model.config)),
     )
-    prompt_cache = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+    prompt_cache = [(layer.keys, layer.values) for layer in output_cache(out).layers]
     response_ids = batch.response_ids
     logp = torch.zeros((*response_ids.shape, *stats.trailing), dtype=torch.float32, device=response_ids.device)
     # The last prompt position predicts response token 0.
@@ -274,8 +275,8 @@ def _shared_prompt_logprobs(
             input_ids=inputs,
             attention_mask=torch.cat([row_prompt_mask, batch.response_mask[rows, : n - 1].long()], dim=1),
             position_ids=row_prompt_mask.sum(dim=1, keepdim=True) + steps,  # [rows, n - 1]
-            past_key_values=cache,
             use_cache=True,
+            **cache_kwargs(cache),
         )
     return logp
 

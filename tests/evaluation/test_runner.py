@@ -19,7 +19,8 @@ def test_result_keys_and_counts(bench_path):
                 "pass@k", "maj@k", "response_len", "truncated_frac", "unscorable_frac", "seconds", "problems"):
         assert key in result, key
     assert result["n_problems"] == 3 and result["k"] == 2
-    assert result["decoding"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "max_new_tokens": 8}
+    assert result["decoding"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "max_new_tokens": 8,
+                                  "repetition_penalty": 1.0}
     assert [p["uid"] for p in result["problems"]] == ["bench.jsonl:1", "bench.jsonl:2", "bench.jsonl:3"]
     assert [p["gold"] for p in result["problems"]] == ["5", "42", "\\frac{1}{2}"]
     for p in result["problems"]:
@@ -46,6 +47,14 @@ def test_seed_reproduces_and_varies(bench_path):
     assert _comparable(a) == _comparable(b)
     completions = lambda r: [p["completions"] for p in r["problems"]]  # noqa: E731
     assert completions(a) != completions(c)
+
+
+def test_the_repetition_penalty_reaches_the_sampler(bench_path):
+    plain = evaluate("tiny-llama", "math500", bench_path, seed=1, keep_completions=True, **FAST)
+    penalised = evaluate("tiny-llama", "math500", bench_path, seed=1, keep_completions=True, repetition_penalty=3.0,
+                         **FAST)
+    assert penalised["decoding"]["repetition_penalty"] == 3.0
+    assert [p["completions"] for p in penalised["problems"]] != [p["completions"] for p in plain["problems"]]
 
 
 def test_settings_fail_before_loading(monkeypatch):

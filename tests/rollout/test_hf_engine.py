@@ -1,9 +1,13 @@
-"""HFRolloutEngine on the tiny model: layout, seeding, log-probs, stopping, filtering."""
+"""HFRolloutEngine on the tiny model: layout, seeding, log-probs, stopping, filtering,
+repetition penalty."""
+import math
+
 import pytest
 import torch
 
 from ibpo_lit.models import build_tiny_model, build_tiny_tokenizer
 from ibpo_lit.rollout import HFRolloutEngine, SamplingConfig
+from ibpo_lit.rollout import hf as hf_engine
 
 EOS = 2  # <|im_end|>, also the pad id
 
@@ -22,8 +26,10 @@ def model():
 def prompts(tokenizer):
     texts = ["hi", "what is 12 + 30?", "a much longer prompt, so the others get left padding"]
     chats = [[{"role": "user", "content": t}] for t in texts]
-    encoded = [tokenizer.apply_chat_template(c, add_generation_prompt=True) for c in chats]
-    return [e["input_ids"] for e in encoded]
+    # tokenize=False then encode: transformers 4 returns a list from a tokenizing
+    # apply_chat_template and 5 a BatchEncoding; the text is the same in both.
+    texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
 def engine(model, max_new_tokens=16, eos=(EOS,), **sampling):
@@ -171,3 +177,108 @@ def test_training_flag_restored(model, prompts, training):
 def test_rejects_wrong_number_of_seeds(model, prompts):
     with pytest.raises(ValueError, match="one seed per response"):
         engine(model).generate(prompts, n=2, seeds=[0, 1])
+
+
+# ------------------------------------------------------------------ repetition penalty
+# A hand-built next-token distribution, the same at every step (the LM head's output replaced):
+# EOS and token 10 have logit ln 3, token 11 has 0, token 12 has -ln 3, every other token -1e4
+# (probability 0 in float32). Prompt 0 holds 10 and 12 but not EOS, 11; it is left-padded with
+# EOS ids in a batch with the longer prompt 1, which holds none of them.
+FIXED = {EOS: math.log(3), 10: math.log(3), 11: 0.0, 12: -math.log(3)}
+PENALTY_PROMPTS = [[10, 12, 20], [30, 31, 32, 33, 34, 35, 36]]
+
+
+def fixed_logits(model):
+    """Hook the LM head to return ``FIXED`` at every position; returns the hook's handle."""
+    fixed = torch.full((model.config.vocab_size,), -1e4)
+    for token, logit in FIXED.items():
+        fixed[token] = logit
+    return model.lm_head.register_forward_hook(lambda module, args, out: fixed.expand_as(out).clone())
+
+
+def by_the_formula(prompt: list[int], seed: int, penalty: float, steps: int) -> tuple[list[int], list[float]]:
+    """The tokens the engine must draw for (prompt, seed) under ``penalty``, and their log-probs
+    under the unpenalised distribution: a seen token's logit l becomes l / penalty if l > 0 and
+    l * penalty otherwise (at penalty 2: ln 3 -> ln 3 / 2, so its odds against token 11 go from
+    3 to sqrt(3); -ln 3 -> -2 ln 3, odds 1/3 -> 1/9); the row's k-th uniform of its own generator
+    picks the first token whose cumulative probability exceeds it (``_sample_rows``)."""
+    generator = torch.Generator().manual_seed(seed)
+    order = sorted(FIXED)  # cumulative mass in token-id order, as the engine sums it
+    base_total = sum(math.exp(FIXED[t]) for t in order)
+    seen, tokens, logps = set(prompt), [], []
+    for _ in range(steps):
+        logits = {t: (l / penalty if l > 0 else l * penalty) if t in seen else l for t, l in FIXED.items()}
+        weights = [math.exp(logits[t]) for t in order]
+        u = float(torch.rand(1, generator=generator)) * sum(weights)
+        cumulative = 0.0
+        for token, weight in zip(order, weights):
+            cumulative += weight
+            if cumulative > u:
+                break
+        tokens.append(token)
+        logps.append(FIXED[token] - math.log(base_total))
+        seen.add(token)
+        if token == EOS:
+            break
+    return tokens, logps
+
+
+@pytest.mark.parametrize("penalty", [1.0, 2.0, 0.5])
+def test_repetition_penalty_draws_by_the_formula_and_returns_the_unpenalised_logp(model, penalty):
+    """Every drawn token is the one the formula picks, prompt and response tokens both counting
+    as seen, the padding not; the log-probs stay the model's own distribution's (no penalty)."""
+    seeds = list(range(40))
+    handle = fixed_logits(model)
+    try:
+        eng = engine(model, max_new_tokens=3, repetition_penalty=penalty)
+        batch = eng.generate(PENALTY_PROMPTS, n=20, seeds=seeds)
+    finally:
+        handle.remove()
+    for row, (response, seed) in enumerate(zip(batch.response_lists(), seeds)):
+        tokens, logps = by_the_formula(PENALTY_PROMPTS[row // 20], seed, penalty, steps=3)
+        assert response == tokens, f"row {row}"
+        assert batch.rollout_logp[row, : len(tokens)].tolist() == pytest.approx(logps, abs=1e-5)
+
+
+def test_repetition_penalty_changes_the_draws(model):
+    """The formula test above is not vacuous: at penalty 2 the formula (and so the engine) draws
+    differently from penalty 1 for some seeds, and seen tokens fall in share."""
+    unpenalised = [by_the_formula(PENALTY_PROMPTS[0], s, 1.0, steps=3)[0] for s in range(40)]
+    penalised = [by_the_formula(PENALTY_PROMPTS[0], s, 2.0, steps=3)[0] for s in range(40)]
+    assert sum(a != b for a, b in zip(unpenalised, penalised)) >= 5
+    seen = {10, 12}
+    share = [sum(t in seen for r in rows for t in r) / sum(map(len, rows)) for rows in (unpenalised, penalised)]
+    assert share[1] < share[0]
+
+
+def test_repetition_penalty_is_seeded_and_batch_independent(model, prompts):
+    eng = engine(model, max_new_tokens=24, repetition_penalty=1.3)
+    alone = eng.generate([prompts[1]], n=1, seeds=[1234])
+    mixed = eng.generate(prompts, n=2, seeds=[5, 6, 7, 1234, 8, 9])
+    assert mixed.response_lists()[3] == alone.response_lists()[0]
+    chunked = HFRolloutEngine(model, [EOS], EOS, eng.sampling, max_batch_size=2)
+    again = chunked.generate(prompts, n=2, seeds=[5, 6, 7, 1234, 8, 9])
+    assert again.response_lists() == mixed.response_lists()
+    plain = engine(model, max_new_tokens=24).generate(prompts, n=2, seeds=[5, 6, 7, 1234, 8, 9])
+    assert plain.response_lists() != mixed.response_lists()  # the penalty did act on this model
+
+
+def test_repetition_penalty_1_is_the_unpenalised_sampling_bit_for_bit(model, prompts, monkeypatch):
+    """At 1 (the default) no penalty is built, so decoding runs exactly as without the setting;
+    and the penalty's code path at 1 is the identity (x / 1 and x * 1 are exact), so the two
+    agree bit for bit, tokens and log-probs."""
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    assert hf_engine._repetition_penalty(SamplingConfig()) is None
+    eng = engine(model, max_new_tokens=16, temperature=0.8, top_p=0.95)
+    default = eng.generate(prompts, n=2, seeds=range(6))
+    monkeypatch.setattr(hf_engine, "_repetition_penalty", lambda sampling: RepetitionPenaltyLogitsProcessor(1.0))
+    through_penalty = eng.generate(prompts, n=2, seeds=range(6))
+    assert torch.equal(through_penalty.response_ids, default.response_ids)
+    assert torch.equal(through_penalty.rollout_logp, default.rollout_logp)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_repetition_penalty_must_be_a_finite_positive_number(bad):
+    with pytest.raises(ValueError, match="sampling.repetition_penalty"):
+        SamplingConfig(repetition_penalty=bad)

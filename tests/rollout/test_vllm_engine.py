@@ -107,3 +107,51 @@ def test_a_step_longer_than_the_schedulers_token_budget(synced):
     assert len(batch) == 160 and int(batch.response_mask.sum()) > 0
     alone = engine.generate(prompts[-1:], n=2, seeds=[158, 159])
     assert alone.response_lists() == batch.response_lists()[-2:]
+
+
+def penalised_logp(model, batch, penalty, temperature=1.0):
+    """log softmax(penalised logits / T) of each response token, one unpadded row at a time: a
+    token already in the prompt or the response so far has its logit l divided by ``penalty``
+    when l > 0 and multiplied by it otherwise (``SamplingConfig.repetition_penalty``)."""
+    out = torch.zeros_like(batch.rollout_logp)
+    model.eval()
+    with torch.no_grad():
+        for row, (prompt, response) in enumerate(zip(batch.prompt_lists(), batch.response_lists())):
+            logits = model(torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1].float()
+            for t, token in enumerate(response):
+                seen = torch.tensor(sorted(set(prompt + response[:t])))
+                step = logits[t].clone()
+                step[seen] = torch.where(step[seen] > 0, step[seen] / penalty, step[seen] * penalty)
+                out[row, t] = torch.log_softmax(step / temperature, dim=-1)[token]
+    return out
+
+
+def test_repetition_penalty_is_vllms_and_in_its_logprobs(synced):
+    """vLLM takes ``repetition_penalty`` and applies the formula ``SamplingConfig`` documents:
+    its processed log-probs are the penalised distribution's, token for token (the HF engine's
+    would be the unpenalised ones, which these differ from)."""
+    engine, model, tokenizer = synced
+    sampling = SamplingConfig(temperature=0.8, max_new_tokens=12, repetition_penalty=1.5)
+    batch = engine.generate(prompts_of(tokenizer), n=2, seeds=range(6), sampling=sampling)
+    mask = batch.response_mask
+    expected = penalised_logp(model, batch, 1.5, temperature=0.8)
+    assert torch.allclose(expected[mask], batch.rollout_logp[mask], atol=1e-4)
+    with torch.no_grad():
+        unpenalised = response_logprobs(model, batch, temperature=0.8)
+    assert (unpenalised[mask] - batch.rollout_logp[mask]).abs().max() > 1e-2
+
+
+def test_repetition_penalty_greedy_tokens_equal_the_hf_engines(synced):
+    """Greedy (top_k 1) with a penalty: vLLM and the HF engine pick the same tokens, and not the
+    ones picked without it. Greedy, the tiny model writes "\\n" 16 times; at penalty 5 the seen
+    tokens' logits shrink enough that its choices vary (at 1.5 and 2 they do not)."""
+    from ibpo_lit.rollout import HFRolloutEngine
+
+    engine, model, tokenizer = synced
+    prompts = prompts_of(tokenizer)
+    penalised = SamplingConfig(top_k=1, max_new_tokens=16, repetition_penalty=5.0)
+    hf = HFRolloutEngine(model, [EOS], EOS, penalised).generate(prompts, n=1, seeds=range(3))
+    ours = engine.generate(prompts, n=1, seeds=range(3), sampling=penalised)
+    assert ours.response_lists() == hf.response_lists()
+    plain = engine.generate(prompts, n=1, seeds=range(3), sampling=SamplingConfig(top_k=1, max_new_tokens=16))
+    assert plain.response_lists() != ours.response_lists()
