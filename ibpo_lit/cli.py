@@ -1,14 +1,18 @@
-"""``python -m ibpo_lit fit --config configs/tiny.yaml``: LightningCLI wiring only.
+"""The command line's LightningCLI (`IBPOCLI`) and `main`; ``python -m ibpo_lit`` enters
+through ``ibpo_lit/__main__.py``, which imports this module only when it needs it.
 
-Two subcommands of ibpo-lit's own sit beside LightningCLI's (fit, validate, ...):
-``fetch`` (download and convert a built-in model) and ``evaluate`` (avg@k / pass@k / maj@k
-on a math benchmark).
+Three subcommands of ibpo-lit's own sit beside LightningCLI's ``fit`` and ``validate``:
+``fetch`` (download and convert a built-in model), ``evaluate`` (avg@k / pass@k / maj@k on a
+benchmark or your own data) and ``export`` (a checkpoint as a Hugging Face folder).
 
-The wiring adds to LightningCLI: an always-on ``ModelCheckpoint`` (``checkpoint.*``) writing
+The wiring adds to LightningCLI: ``trainer.precision: auto`` (`ibpo_lit.trainer`); every
+unknown key reported at once with a "did you mean" (`ibpo_lit.config_keys`), and parse errors
+as one line; an always-on ``ModelCheckpoint`` (``checkpoint.*``) writing
 ``<trainer.default_root_dir>/checkpoints/last.ckpt``; atomic checkpoint writes
-(`ibpo_lit.training.checkpoint_io`); cross-section config checks before anything loads
-(`ibpo_lit.config_checks`); validation switched off when there is nothing to validate on; and, in `entry_point`, one ``ibpo-lit: error: ...`` line with exit
-status 2 for a user error (`ibpo_lit.errors`).
+(`ibpo_lit.training.checkpoint_io`); the strategy checked before Lightning builds it, the other
+cross-section checks before anything loads (`ibpo_lit.config_checks`); validation switched off
+when there is nothing to validate on, and on a default interval when there is; progress by
+optimizer step (`callbacks.progress`); a resumed run logging into its TensorBoard version.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from ibpo_lit import __version__
 from ibpo_lit.config_checks import check_fit_settings, read_checkpoint_error, strategy_supported
 from ibpo_lit.config_keys import known_keys, unknown_key_problems, user_keys
 from ibpo_lit.data.datamodule import PromptDataModule
-from ibpo_lit.errors import ConfigError, debug_enabled, format_user_error, is_user_error
+from ibpo_lit.errors import ConfigError
 from ibpo_lit.module import IBPOModule
 from ibpo_lit.rewards.functions import data_task as _rewards_task
 from ibpo_lit.scale import strategy as _registers_fsdp2  # noqa: F401 - `trainer.strategy: fsdp2`
@@ -86,6 +90,13 @@ def _validation_schedule(trainer, datamodule) -> None:
 
 
 class IBPOCLI(LightningCLI):
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """``fit`` and ``validate``: Lightning's ``test`` and ``predict`` call ``test_step`` and
+        ``predict_step``, which an RL policy does not have (``evaluate`` is ibpo-lit's test), and
+        each subcommand's parser is built at every start."""
+        return {name: skip for name, skip in LightningCLI.subcommands().items() if name in ("fit", "validate")}
+
     def add_arguments_to_parser(self, parser) -> None:
         # Always present, so `<trainer.default_root_dir>/checkpoints/last.ckpt` exists;
         # tune it under `checkpoint.*`.
@@ -182,7 +193,7 @@ class IBPOCLI(LightningCLI):
 
 DESCRIPTION = """ibpo-lit: GSPO with IBPO counterfactual reward shaping.
 
-Subcommands: fit (train), validate/test/predict (Lightning's), and
+Subcommands: fit (train), validate (Lightning's: the validation sets only), and
   fetch      download and convert a built-in model (python -m ibpo_lit fetch --help)
   evaluate   avg@k, pass@k, maj@k on a math or code benchmark, and the test-time
              correction and Best-of-N baselines (python -m ibpo_lit evaluate --help)
@@ -229,27 +240,5 @@ def main(args: list[str] | None = None, run: bool = True):
                        "prog": "python -m ibpo_lit" if sys.argv[0].endswith("__main__.py") else None,
                        # A parse error raises (IBPOCLI.parse_arguments makes it one line), not 180 lines of usage.
                        "exit_on_error": False,
-                       **{sub: {"exit_on_error": False} for sub in LightningCLI.subcommands()}},
+                       **{sub: {"exit_on_error": False} for sub in IBPOCLI.subcommands()}},
     )
-
-
-def entry_point(args: list[str] | None = None) -> int:
-    """``python -m ibpo_lit`` and the ``ibpo-lit`` command: an exit status, not the CLI object.
-
-    A user error (see `ibpo_lit.errors.is_user_error`) ends with one line on stderr,
-    ``ibpo-lit: error: <message>``, and status 2; ``IBPO_LIT_DEBUG=1`` re-raises it with its
-    traceback. Other exceptions propagate (a traceback, status 1).
-    """
-    try:
-        result = main(args)
-    except Exception as e:  # noqa: BLE001 - sorted into user errors and the rest just below
-        if debug_enabled() or not is_user_error(e):
-            raise
-        sys.stdout.flush()
-        print(format_user_error(e), file=sys.stderr)
-        return 2
-    return result if isinstance(result, int) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(entry_point())

@@ -50,6 +50,7 @@ import time
 import zipfile
 from pathlib import Path
 
+from ibpo_lit.cache_dir import default_cache_dir
 from ibpo_lit.file_lock import exclusive_lock
 
 SMOLLM2_NAME = "smollm2-135m-instruct"
@@ -69,12 +70,6 @@ MAX_POSITIONS = 8192  # SmolLM2's context; the GGUF tokenizer leaves model_max_l
 REQUIRED_PACKAGES = ("gguf", "accelerate")
 
 logger = logging.getLogger(__name__)
-
-
-def default_cache_dir() -> Path:
-    """``$IBPO_LIT_CACHE`` if set, else ``~/.cache/ibpo_lit``."""
-    env = os.environ.get("IBPO_LIT_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "ibpo_lit"
 
 
 def model_dir(cache_dir: str | Path | None = None) -> Path:

@@ -46,7 +46,6 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from sympy import Basic, Integer, Mul, Number, Pow, Rational, UnevaluatedExpr
 
 from ibpo_lit.rewards.pool import RewardPool
@@ -55,9 +54,16 @@ logger = logging.getLogger(__name__)
 
 GSM8K_MARKER = "####"
 
-# Completion extraction: LaTeX (boxed, $...$) first, then plain expressions / numbers.
-_COMPLETION_CONFIG = (LatexExtractionConfig(), ExprExtractionConfig())
-_GOLD_CONFIG = (LatexExtractionConfig(),)
+# Completion extraction: LaTeX (boxed, $...$) first, then plain expressions / numbers; gold: LaTeX.
+# math-verify itself is imported where it parses (`_configs`): reading data (GSM8K golds) and the
+# command line's start need none of its LaTeX grammar (a quarter of a second to import).
+_COMPLETION, _GOLD = "completion", "gold"
+
+
+def _configs(which: str) -> tuple:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    return (LatexExtractionConfig(), ExprExtractionConfig()) if which == _COMPLETION else (LatexExtractionConfig(),)
 
 RewardFn = Callable[[str, str], "float | None"]
 
@@ -85,8 +91,10 @@ def extract_gsm8k_gold(answer: str) -> str:
     return answer.rsplit(GSM8K_MARKER, 1)[1].replace(",", "").strip()
 
 
-def _parse(text: str, config, parsing_timeout: int | None = None) -> list:
-    return parse(text, extraction_config=config, parsing_timeout=parsing_timeout, raise_on_error=True)
+def _parse(text: str, which: str, parsing_timeout: int | None = None) -> list:
+    from math_verify import parse
+
+    return parse(text, extraction_config=_configs(which), parsing_timeout=parsing_timeout, raise_on_error=True)
 
 
 def parse_completion(completion: str, parsing_timeout: int | None = None) -> list:
@@ -97,10 +105,10 @@ def parse_completion(completion: str, parsing_timeout: int | None = None) -> lis
     if GSM8K_MARKER in completion:
         tail = completion.rsplit(GSM8K_MARKER, 1)[1].strip()
         line = tail.splitlines()[0] if tail else ""
-        parsed = _parse(line, _COMPLETION_CONFIG, parsing_timeout) if line else []
+        parsed = _parse(line, _COMPLETION, parsing_timeout) if line else []
         if parsed:
             return parsed
-    return _parse(completion, _COMPLETION_CONFIG, parsing_timeout)
+    return _parse(completion, _COMPLETION, parsing_timeout)
 
 
 def is_written_value(expr) -> bool:
@@ -152,8 +160,10 @@ def math_score_inprocess(completion: str, gold: str) -> float | None:
     Returns:
         1.0 or 0.0; None if the pair cannot be scored (gold unparseable, math-verify error).
     """
+    from math_verify import verify
+
     try:
-        gold_parsed = _parse(f"${gold}$", _GOLD_CONFIG) if gold.strip() else []
+        gold_parsed = _parse(f"${gold}$", _GOLD) if gold.strip() else []
         if not any(not isinstance(g, str) for g in gold_parsed):  # only a raw-string fallback
             logger.debug("gold does not parse: %r", gold)
             return None

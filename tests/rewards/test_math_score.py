@@ -83,12 +83,12 @@ def test_unparseable_gold_is_unscorable(gold):
 
 
 def test_math_verify_error_is_unscorable(monkeypatch):
-    import ibpo_lit.rewards.math as m
+    import math_verify
 
     def boom(*args, **kwargs):
         raise RuntimeError("sympy exploded")
 
-    monkeypatch.setattr(m, "verify", boom)  # patches this process only: the in-process scorer
+    monkeypatch.setattr(math_verify, "verify", boom)  # patches this process only: the in-process scorer
     assert math_score_inprocess("#### 42", "42") is None
 
 
