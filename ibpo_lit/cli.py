@@ -35,6 +35,7 @@ from ibpo_lit.config_checks import check_fit_settings, read_checkpoint_error, st
 from ibpo_lit.config_keys import known_keys, unknown_key_problems, user_keys
 from ibpo_lit.data.datamodule import PromptDataModule
 from ibpo_lit.errors import ConfigError
+from ibpo_lit.help_cache import keep_help, kept_help
 from ibpo_lit.module import IBPOModule
 from ibpo_lit.rewards.functions import data_task as _rewards_task
 from ibpo_lit.scale import strategy as _registers_fsdp2  # noqa: F401 - `trainer.strategy: fsdp2`
@@ -89,6 +90,19 @@ def _validation_schedule(trainer, datamodule) -> None:
                        "is unset; set it to change this)")
 
 
+def _keep_help_texts(parser) -> None:
+    """Keep the help this parser prints (`ibpo_lit.help_cache`), while it is built anyway: after
+    one run (the quick start's ``fit``), ``--help`` and ``fit --help`` answer without Lightning.
+    The text is the parser's own ``format_help()``, what ``--help`` prints."""
+    if parser._subcommands_action is None:  # (`main(run=False)`: not what `--help` prints)
+        return
+    parsers = {(): parser, **{(name,): sub for name, sub in parser._subcommands_action._name_parser_map.items()}}
+    for prefix, each in parsers.items():
+        argv = [*prefix, "--help"]
+        if kept_help(argv) is None:
+            keep_help(argv, each.format_help())
+
+
 class IBPOCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -120,6 +134,7 @@ class IBPOCLI(LightningCLI):
         except ArgumentError as e:
             message = " ".join(str(e).split())  # jsonargparse's messages span lines
             raise ConfigError(f"{message} (`python -m ibpo_lit fit --help` lists every setting)") from e
+        _keep_help_texts(parser)
 
     def _check_keys(self, parser, argv: list[str]) -> None:
         subcommand = "fit"

@@ -15,7 +15,9 @@ every source file of ``ibpo_lit/`` and ``callbacks/`` (an edited checkout render
 What is covered: ``--help`` or ``-h`` alone, or after ``fit`` or ``validate``. What is not:
 help with other arguments (``fit --config C --help`` shows C's values as defaults: rendered
 every time), and the ``evaluate``/``export``/``fetch`` subcommands (their own parsers).
-A cache folder that cannot be written only costs the speed.
+One text is kept per request (a newer key replaces it). A cache folder that cannot be written
+only costs the speed. ``fit`` keeps the help of the parser it builds anyway (`ibpo_lit.cli`), so
+after the quick start's first run even the first ``--help`` is fast.
 """
 from __future__ import annotations
 
@@ -64,7 +66,11 @@ def help_path(argv: list[str]) -> Path:
         str(shutil.get_terminal_size().columns), sys.version,
         *(f"{name}={_version(name)}" for name in PACKAGES), _sources_stamp(),
     ])
-    return default_cache_dir() / "help" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.txt"
+    return default_cache_dir() / "help" / f"{_slug(argv)}-{hashlib.sha256(key.encode()).hexdigest()[:32]}.txt"
+
+
+def _slug(argv: list[str]) -> str:
+    return "-".join(a.lstrip("-") for a in argv)
 
 
 def kept_help(argv: list[str]) -> Optional[str]:
@@ -87,5 +93,9 @@ def keep_help(argv: list[str], text: str) -> None:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
+        # One text per request: an edited checkout or a new package leaves its old one behind.
+        for old in path.parent.glob(f"{_slug(argv)}-*.txt"):
+            if old != path:
+                old.unlink(missing_ok=True)
     except OSError:
         pass

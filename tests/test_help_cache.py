@@ -37,6 +37,17 @@ def test_help_is_rendered_once_then_printed_without_torch(tmp_path, argv):
     assert imported == "False False 0" and again == first
 
 
+def test_a_run_keeps_the_help_it_would_print(tmp_path):
+    # The quick start's `fit` builds the same parser: after it, `--help` needs no Lightning.
+    _help(tmp_path, "fit", "--config", str(REPO / "configs" / "tiny.yaml"), "--trainer.max_steps", "1",
+          "--trainer.default_root_dir", str(tmp_path / "run"), "--trainer.enable_progress_bar", "false")
+    for argv in (["--help"], ["fit", "--help"], ["validate", "--help"]):
+        kept, imported = _help(tmp_path, *argv)
+        assert imported == "False False 0", argv
+        rendered, _ = _help(tmp_path / "fresh", *argv)  # an empty cache: rendered by the parser
+        assert kept == rendered, argv
+
+
 def test_only_plain_help_requests_are_kept():
     assert is_plain_help(["--help"]) and is_plain_help(["-h"]) and is_plain_help(["fit", "--help"])
     assert is_plain_help(["validate", "-h"])
@@ -59,6 +70,16 @@ def test_the_key_follows_the_sources_the_width_and_the_arguments(tmp_path, monke
     assert edited != key
     monkeypatch.setenv("COLUMNS", "80")
     assert help_path(["fit", "--help"]) != edited
+
+
+def test_one_text_is_kept_per_request(tmp_path, monkeypatch):
+    monkeypatch.setenv("IBPO_LIT_CACHE", str(tmp_path))
+    for width in ("80", "100", "120"):
+        monkeypatch.setenv("COLUMNS", width)
+        help_cache.keep_help(["fit", "--help"], f"at {width}")
+        help_cache.keep_help(["--help"], f"top at {width}")
+    assert sorted(p.name.split("-")[0] for p in (tmp_path / "help").iterdir()) == ["fit", "help"]
+    assert help_cache.kept_help(["fit", "--help"]) == "at 120"
 
 
 def test_an_unwritable_cache_costs_only_the_speed(tmp_path, monkeypatch):
