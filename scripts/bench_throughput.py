@@ -40,8 +40,8 @@ second = generated tokens / step seconds. FLOPs per step are
 ``ibpo_lit.algorithms.diagnostics.estimate_flops`` (2N per prefilled or generated token, 6N per
 trained token, real tokens only, every row's prompt counted: the same basis for both libraries,
 whatever each skips or pads) over each arm's own token counts, and are set against the matmul
-peak measured in this run (a 2048^2 matmul on ``--threads`` threads, fp32 and bf16, best of 2 s,
-before and after the arms).
+peak measured in this run (a 2048^2 matmul on ``--threads`` threads, in each ``--precision`` the
+run uses, best of 2 s, before and after the arms).
 
 On a machine shared with other jobs, pass ``--omp-wait-policy PASSIVE``: OpenMP threads that spin
 while their partner has lost its core make small matmuls 10-25x slower (measured here), which
@@ -381,12 +381,16 @@ def worker_env(settings: Settings) -> dict:
     return env
 
 
-def measure_peak(settings: Settings, seconds: float) -> dict:
-    """fp32 and bf16 matmul peak, in a process with the arms' environment."""
+def measure_peak(settings: Settings, seconds: float, precisions: list[str]) -> dict:
+    """The matmul peak of each of ``precisions`` (those the run's trainers use), in a process with
+    the arms' environment. Only those: on a CPU that emulates bf16 one bf16 2048^2 matmul takes
+    ~25 s, so a bf16 peak nobody divides by would cost minutes."""
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import bench_throughput as b; "
-            "print(json.dumps({p: b.matmul_peak(p, int(sys.argv[2]), seconds=float(sys.argv[3])) for p in b.PRECISIONS}))")
+            "print(json.dumps({p: b.matmul_peak(p, int(sys.argv[2]), seconds=float(sys.argv[3])) "
+            "for p in sys.argv[4:]}))")
     done = subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__)), str(settings.threads),
-                           str(seconds)], capture_output=True, text=True, env=worker_env(settings), check=True)
+                           str(seconds), *precisions], capture_output=True, text=True, env=worker_env(settings),
+                          check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -515,7 +519,7 @@ def main(argv=None) -> dict:
         return {}
     settings = build_settings(args)
     peak_seconds = 0.5 if args.smoke else 2.0
-    peak = measure_peak(settings, peak_seconds)
+    peak = measure_peak(settings, peak_seconds, args.precision)
     results, rows = [], []
     for precision in args.precision:
         by_arm = {}
@@ -540,7 +544,7 @@ def main(argv=None) -> dict:
                 row["cpu_speedup"] = trl_row["cpu_s_per_step"] / row["cpu_s_per_step"]
             rows.append(row)
     # The peak again at the end: the machine is shared, keep the better of the two.
-    peak = {p: max(v, measure_peak(settings, peak_seconds)[p]) for p, v in peak.items()}
+    peak = {p: max(v, measure_peak(settings, peak_seconds, args.precision)[p]) for p, v in peak.items()}
     for row in rows:
         row["peak_share"] = row["flops_per_s"] / peak[row["precision"]]
     table = markdown(rows, peak)
