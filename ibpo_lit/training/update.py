@@ -99,12 +99,18 @@ class PolicyUpdate:
         advantages = update.advantages.to(device)
         token_weights = update.token_weights.to(device) if update.token_weights is not None else None
 
+        # rollout/logprob_mismatch compares the engine with the trainer at the weights the engine
+        # sampled with, so it is measured before the first optimizer step of this batch (after
+        # it, on a multi-process run another rank's gradient has already moved the weights).
         old_logp = None
         if cfg.old_logp == "rollout":
             old_logp = batch.rollout_logp
         elif cfg.num_mini_batches > 1:
             # pi_old must be the policy before the first update of this batch.
             old_logp = self.logprobs_no_grad(self.policy, batch)
+            self._record_mismatch(old_logp, batch)  # every row, at the sampled weights
+        else:
+            self._mismatch_without_trained_rows(batch, advantages)
         # The reference never changes: its log-probs once per rollout batch, not per micro-batch.
         ref_logp = self.ref_logprobs(batch)
 
@@ -120,7 +126,7 @@ class PolicyUpdate:
                 totals[key] = totals.get(key, 0.0) + value / cfg.num_mini_batches
         metrics = totals
         metrics["train/nonfinite_steps"] = float(self.nonfinite_total)  # a count, not a mean over mini-batches
-        metrics["rollout/logprob_mismatch"] = self.mismatch_metric(update)
+        metrics["rollout/logprob_mismatch"] = self.mismatch_metric()
         return metrics
 
     def _mini_batch(self, batch, advantages, token_weights, old_logp, ref_logp, rows, optimizer,
@@ -221,7 +227,8 @@ class PolicyUpdate:
         if bookkeeping:
             self._count("trained_tokens", batch)
         old = old_logp[:, :width] if old_logp is not None else logp.detach()
-        if self.rollout_cfg.old_logp == "trainer" and bookkeeping:
+        if old_logp is None and self.rollout_cfg.old_logp == "trainer" and bookkeeping:
+            # on-policy: this forward runs before the batch's only optimizer step
             self._record_mismatch(old, batch)
         num_seqs = num_seqs if num_seqs is not None else float(len(batch))
         num_tokens = num_tokens if num_tokens is not None else float(batch.response_mask.sum())
@@ -291,26 +298,32 @@ class PolicyUpdate:
         self._mismatch[0] += float((diff * mask).sum())
         self._mismatch[1] += float(mask.sum())
 
-    def mismatch_metric(self, update: UpdateBatch) -> float:
-        """The step's mean mismatch; when no row was forwarded (every advantage zero), one
-        no-grad forward of a micro-batch measures it (on every rank when forwards are
-        collectives and any rank needs it)."""
+    def _mismatch_without_trained_rows(self, batch: RolloutBatch, advantages: Tensor) -> None:
+        """On-policy, a rank whose rows all have zero advantage forwards none of them, so the
+        mismatch has no tokens there: one no-grad forward of a micro-batch measures it, before
+        the optimizer step (on every rank when forwards are collectives and any rank needs it)."""
+        if self.rollout_cfg.old_logp != "trainer":
+            return
+        forwarded = batch.response_mask.any(dim=1)
+        if not self.regularizer.needs_every_row:
+            forwarded = forwarded & (advantages != 0)
+        needed = len(batch) > 0 and not bool(forwarded.any())
+        probe = batch.select(torch.arange(max(min(len(batch), self.rollout_cfg.micro_batch_size), 1),
+                                          device=batch.prompt_ids.device))
+        if self.uniform_forwards and self.runtime.sync.any(needed):
+            with torch.no_grad():
+                logp = self.logprobs(self.policy, probe)
+            if needed:
+                self._record_mismatch(logp, probe)
+                self._count("no_grad_tokens", probe)
+        elif needed:
+            self._record_mismatch(self.logprobs_no_grad(self.policy, probe), probe)
+
+    def mismatch_metric(self) -> float:
+        """The step's mean |engine - trainer| log-prob per sampled token, at the sampled weights
+        (NaN with ``rollout.old_logp: rollout``, where the trainer's are not computed)."""
         if self.rollout_cfg.old_logp != "trainer":
             return math.nan
-        needed = self._mismatch[1] == 0 and len(update.batch) > 0
-        size = self.rollout_cfg.micro_batch_size
-        if self.uniform_forwards and self.runtime.sync.any(needed):
-            rows = torch.arange(max(min(len(update.batch), size), 1))
-            batch = update.batch.select(rows).to(self.runtime.device)
-            with torch.no_grad():
-                logp = self.logprobs(self.policy, batch)
-            if needed:
-                self._record_mismatch(logp, batch)
-                self._count("no_grad_tokens", batch)
-        elif needed:
-            rows = torch.arange(min(len(update.batch), size))
-            batch = update.batch.select(rows).to(self.runtime.device)
-            self._record_mismatch(self.logprobs_no_grad(self.policy, batch), batch)
         return self._mismatch[0] / max(self._mismatch[1], 1.0)
 
     def _count(self, key: str, batch: RolloutBatch) -> None:

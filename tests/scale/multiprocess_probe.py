@@ -70,7 +70,8 @@ class RankRecorder(L.Callback):
 
 
 class ScriptedRewards(L.Callback):
-    """Rewards from a hash of each response (``hash``), or unbalanced ranks (``unbalanced``)."""
+    """Rewards from a hash of each response (``hash``), or unbalanced ranks (``unbalanced``,
+    ``idle_rank``: rank 1's rewards all equal, so it trains no row while rank 0 does)."""
 
     FIXED = "1 + 1 = 2 #### 2"
 
@@ -82,6 +83,9 @@ class ScriptedRewards(L.Callback):
         hashed = torch.tensor([float(zlib.crc32(bytes(r)) % 2) for r in responses])
         if self.mode == "hash":
             step.rewards = hashed
+            return
+        if self.mode == "idle_rank":  # rank 1's groups all tie: it trains no row, rank 0 does
+            step.rewards = hashed if trainer.global_rank == 0 else torch.zeros(len(responses))
             return
         if self.mode == "solved_groups":  # a third of the prompts (by uid) solved by every rollout
             solved = [zlib.crc32(p.uid.encode()) % 3 == 0 for p in step.prompts]

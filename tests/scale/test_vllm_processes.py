@@ -6,6 +6,8 @@
   mismatch between engine and trainer stays below 1e-4 (fp32).
 - DDP + one engine per process (tensor_parallel_size 1): the same rollouts, since every row's
   tokens depend only on (prompt, seed, weights).
+- A rank with nothing to train (every group tied) measures the mismatch too, at the weights the
+  engine sampled with: before the optimizer step that the other rank's gradient drives.
 """
 import pytest
 
@@ -52,3 +54,15 @@ def test_tensor_and_data_parallel_engines_sample_the_same_rows(runs):
         first_tp, first_dp = tp2[rank]["rollouts"][0], dp[rank]["rollouts"][0]
         assert first_tp["seeds"] == first_dp["seeds"]
         assert first_tp["responses"] == first_dp["responses"]
+
+
+@pytest.mark.slow
+def test_an_idle_rank_measures_the_mismatch_at_the_sampled_weights(tmp_path):
+    # Before the fix the idle rank measured after the step, when rank 0's gradient had moved the
+    # weights: 0.004-0.037 per token instead of ~1e-7 (issue 31).
+    run_fit("tiny_fsdp_vllm.yaml", tmp_path, "--trainer.max_steps", "2",
+            "--trainer.callbacks", callbacks(scripted("idle_rank"), CORRECTIONS, SYNC, recorder(tmp_path)))
+    logged = scalars(tmp_path)
+    assert all(v > 0 for v in logged["train/grad_norm"].values())  # rank 0 trained: the weights moved
+    mismatch = logged["rollout/logprob_mismatch"]
+    assert len(mismatch) == 2 and max(mismatch.values()) < 1e-4, mismatch
