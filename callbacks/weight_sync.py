@@ -1,9 +1,12 @@
 """``VLLMWeightSync``: keep a separate rollout engine (vLLM) on the policy's current weights.
 
 When it syncs:
-    * before the first rollout of every ``fit`` (``on_fit_start``, which Lightning calls after
-      restoring a checkpoint), so a resumed run never samples from the engine's start-up
-      weights;
+    * before the first rollout of every ``fit``: at the sanity check's validation or at
+      ``on_train_start``, whichever comes first. Both come after Lightning restores a checkpoint
+      under every strategy (``on_fit_start`` does not: under ``ModelParallelStrategy``, FSDP2,
+      the restore comes after it), so a resumed run never samples from the engine's start-up
+      weights. Which weights an engine holds is known in its own process only: a checkpoint's
+      record of it is not restored;
     * after every ``every_n_steps``-th optimizer step (``on_train_batch_end``; 1 = on-policy;
       N > 1 lets rollouts lag the policy by up to N - 1 steps, which
       ``rollout/logprob_mismatch`` then shows);
@@ -35,7 +38,8 @@ without tripping on precision. Raise it for low-precision engines of large model
 always checked): the probe costs a short generation plus a trainer forward per sync, about
 5% of a SmolLM2 step on 2 CPU cores, which a long run may not want to pay every step.
 
-State saved in checkpoints: the weights version the engine last received.
+State saved in checkpoints: the weights version the engine last received and the number of
+syncs (only the count is read back: a resumed process's engine has received nothing yet).
 """
 from __future__ import annotations
 
@@ -98,7 +102,12 @@ class VLLMWeightSync(L.Callback):
     # ------------------------------------------------------------------ hooks
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.fit_syncs = 0
-        self.sync_engine(trainer, pl_module)  # forced: fresh start and resume alike
+        self.synced_version = None  # this fit's engine holds nothing of ours yet
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # After any restore, before the first rollout: fresh start and resume alike.
+        if self.synced_version != pl_module.weights_version:
+            self.sync_engine(trainer, pl_module)
 
     def on_before_update(self, trainer, pl_module, step) -> None:
         engine = pl_module.engine
@@ -176,5 +185,7 @@ class VLLMWeightSync(L.Callback):
         return {"synced_version": self.synced_version, "syncs": self.syncs}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.synced_version = state_dict.get("synced_version")
+        # Not `synced_version`: the engine of the process that saved it is gone, and under FSDP2
+        # the restore comes after `on_fit_start`, so reading it back would mark the new engine,
+        # which holds the start-up weights, as holding the restored ones (issue 31).
         self.syncs = state_dict.get("syncs", 0)

@@ -49,6 +49,7 @@ What is not covered:
 """
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import time
@@ -61,6 +62,7 @@ from torch import Tensor
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.rollout.engine import RolloutEngine, SamplingConfig, check_generate_args
 
+logger = logging.getLogger(__name__)
 
 @dataclass
 class VLLMConfig:
@@ -223,6 +225,8 @@ class VLLMRolloutEngine(RolloutEngine):
         if not self.on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kvcache_space_gib))
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cfg.cpu_omp_threads_bind)
+            if cfg.tensor_parallel_size > 1:
+                _clear_killed_runs_shm()
         try:
             from vllm import LLM
         except Exception as err:  # a missing or broken install: say which extra to install
@@ -391,6 +395,20 @@ class VLLMRolloutEngine(RolloutEngine):
         shutdown = getattr(engine_core, "shutdown", None)
         if callable(shutdown):
             shutdown()
+
+
+def _clear_killed_runs_shm() -> None:
+    """A SIGKILLed tensor-parallel run's shared memory blocks this engine's (`vllm_cpu_shm`):
+    each node's local rank 0 removes it, and every rank waits for that before creating its own."""
+    from ibpo_lit.rollout.vllm_cpu_shm import remove_stale_segments
+
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        removed = remove_stale_segments()
+        if removed:
+            logger.warning("removed %d shared-memory segment(s) of a killed vLLM run: %s", len(removed),
+                           ", ".join(removed))
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
 
 
 def _world_size() -> int:

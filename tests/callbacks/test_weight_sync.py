@@ -88,6 +88,21 @@ def test_tiny_vllm_fit_syncs_every_step_and_on_resume(tmp_path, tiny_vllm):
     assert all(v > 0 for _, v in scalars["rollout/sync_s"])
 
 
+def test_a_restored_checkpoint_does_not_mark_the_new_engine_as_synced(tiny_vllm):
+    # Under FSDP2 Lightning restores callbacks after on_fit_start: the saved version must not
+    # make the fresh engine look synced, or the first rollouts come from its start-up weights.
+    engine, model, tokenizer = tiny_vllm
+    sync = VLLMWeightSync(probe_tokens=4, probe_tolerance=0.01)
+    module = module_like(engine, model, tokenizer, version=7)
+    sync.on_fit_start(None, module)
+    sync.load_state_dict({"synced_version": 7, "syncs": 9})  # the restore, after on_fit_start
+    assert sync.synced_version is None and sync.syncs == 9
+    sync.on_train_start(None, module)
+    assert sync.synced_version == 7 and sync.syncs == 10 and sync.last_probed
+    sync.on_train_start(None, module)  # already on these weights: no second sync
+    assert sync.syncs == 10
+
+
 def test_probe_every_n_syncs_checks_the_first_sync_of_a_fit_then_every_nth(tiny_vllm, monkeypatch):
     engine, model, tokenizer = tiny_vllm
     sync = VLLMWeightSync(probe_tokens=4, probe_tolerance=0.01, probe_every_n_syncs=3)
@@ -95,12 +110,14 @@ def test_probe_every_n_syncs_checks_the_first_sync_of_a_fit_then_every_nth(tiny_
     real_check = sync.check_probe
     monkeypatch.setattr(sync, "check_probe", lambda m: probed.append(sync.syncs) or real_check(m))
     module = module_like(engine, model, tokenizer)
-    sync.on_fit_start(None, module)  # sync 1 of this fit: probed
+    sync.on_fit_start(None, module)
+    sync.on_train_start(None, module)  # sync 1 of this fit: probed
     for _ in range(4):  # syncs 2-5: the 4th sync is probed (every 3rd after the first)
         sync.sync_engine(None, module)
     assert probed == [1, 4]
     assert [sync.last_probed, sync.syncs, sync.fit_syncs] == [False, 5, 5]
     sync.on_fit_start(None, module)  # a new fit (e.g. a resume) probes its first sync again
+    sync.on_train_start(None, module)
     assert probed == [1, 4, 6] and sync.last_probed and sync.last_probe_mismatch < 1e-4
     with pytest.raises(ValueError, match="probe_every_n_syncs"):
         VLLMWeightSync(probe_every_n_syncs=0)

