@@ -20,9 +20,10 @@ train on.
 Not covered: time spent outside ``training_step`` (data loading, checkpointing, logging);
 FLOPs are parameter-FLOPs estimates (see ``ibpo_lit/algorithms/diagnostics.py``); the FLOPs
 of ``GradientVarianceLogger``'s extra gradients are not in the module's token counts (their
-seconds are). ``N`` is the number of elements of ``policy.parameters()``: under FSDP2 each is a DTensor,
-whose ``numel()`` is its global size, so N is the whole model's on every rank (checked in
-tests/scale/test_fsdp2.py). Under several processes token counts are summed over ranks and step seconds
+seconds are). ``N`` is the parameters a token passes through (`ibpo_lit.models.parameters`:
+every parameter of a dense model, the shared part and ``top_k / num_experts`` of the experts
+of a mixture of experts); under FSDP2 each is a DTensor, whose ``numel()`` is its global size,
+so N is the whole model's on every rank (checked in tests/scale/test_fsdp2.py). Under several processes token counts are summed over ranks and step seconds
 averaged, so every rank takes the same stop decision.
 """
 from __future__ import annotations
@@ -35,6 +36,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from ibpo_lit.algorithms.diagnostics import estimate_flops
+from ibpo_lit.models.parameters import active_parameters
 
 class ComputeBudgetStopper(Callback):
     """Logs cumulative training compute and stops the run at a compute budget.
@@ -85,7 +87,7 @@ class ComputeBudgetStopper(Callback):
                 self._warned_no_stats = True
             return
         if self._n_params is None:
-            self._n_params = sum(p.numel() for p in pl_module.policy.parameters())
+            self._n_params = active_parameters(pl_module.policy)  # a MoE's routed share, not all experts
         flops = estimate_flops(
             self._n_params,
             prompt_tokens=int(stats.get("prompt_tokens", 0)) + int(stats.get("correction_prompt_tokens", 0)),

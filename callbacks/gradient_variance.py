@@ -23,8 +23,9 @@ skipped (they still count in their split's mean), as the module does. ``param_fi
 regex searched in parameter names) and ``max_params`` (the first ``n`` selected tensors)
 keep ``D`` small on large models: the ``K`` flattened gradients are held in memory.
 
-Not covered: distributed runs (several processes): the callback warns once and does nothing,
-since sharded parameters and per-rank batches would need collectives it does not do. These
+Not covered: distributed runs (several processes): sharded parameters and per-rank batches
+would need collectives it does not do, so a run of several processes that lists it is refused
+at config time (``requires_single_process``, `ibpo_lit.config_checks`). These
 extra forwards are not counted in the module's token counts (``ComputeBudgetStopper``'s
 FLOPs), only in its seconds.
 """
@@ -58,6 +59,8 @@ class GradientVarianceLogger(Callback):
             so a resumed run measures the same splits.
     """
 
+    requires_single_process = True  # `ibpo_lit.config_checks` refuses it in a run of several processes
+
     def __init__(
         self,
         every_n_steps: int = 10,
@@ -89,9 +92,8 @@ class GradientVarianceLogger(Callback):
     def on_before_update(self, trainer, pl_module, step: ScoredRollouts) -> None:
         if step.step % self.every_n_steps != 0 or step.update is None:
             return
-        if trainer.world_size > 1:
-            self._warn_once("distributed", "GradientVarianceLogger does not support several processes; skipping.")
-            return
+        if trainer.world_size > 1:  # the config checks refuse this; a hand-built Trainer must not log one rank's share
+            raise RuntimeError("GradientVarianceLogger measures one process only; remove it from a multi-process run")
         n = len(step.update.batch)
         if n < self.num_splits:
             self._warn_once(

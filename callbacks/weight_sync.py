@@ -43,6 +43,7 @@ syncs (only the count is read back: a resumed process's engine has received noth
 """
 from __future__ import annotations
 
+import math
 import time
 
 import lightning as L
@@ -153,8 +154,8 @@ class VLLMWeightSync(L.Callback):
             self.last_probe_mismatch = self.check_probe(pl_module)
 
     def check_probe(self, pl_module: L.LightningModule) -> float:
-        """Mean |engine - trainer| log-prob of the probe's sampled tokens; raises
-        ``StaleWeightsError`` above the tolerance."""
+        """Mean |engine - trainer| log-prob of the probe's sampled tokens, the worst over the
+        run's processes; raises ``StaleWeightsError`` above the tolerance, on every process."""
         ids = pl_module.tokenizer(self.probe_prompt, add_special_tokens=False)["input_ids"]
         sampling = SamplingConfig(temperature=1.0, max_new_tokens=self.probe_tokens)
         batch = pl_module.engine.generate([ids], n=1, seeds=[self.probe_seed], sampling=sampling)
@@ -169,11 +170,17 @@ class VLLMWeightSync(L.Callback):
         finally:
             pl_module.policy.train(was_training)
         mask = batch.response_mask
-        mismatch = float(((trainer_logp - batch.rollout_logp).abs() * mask).sum() / mask.sum().clamp(min=1))
+        mine = float(((trainer_logp - batch.rollout_logp).abs() * mask).sum() / mask.sum().clamp(min=1))
+        # One verdict for every rank: a rank that raised alone would leave the others waiting
+        # in their next collective. The worst rank decides (NaN worst of all).
+        sync = getattr(pl_module, "sync", None)
+        per_rank = sync.gather(mine) if sync is not None else [mine]
+        rank, mismatch = max(enumerate(per_rank), key=lambda item: math.inf if math.isnan(item[1]) else item[1])
         if not mismatch <= self.probe_tolerance:  # NaN fails too
+            where = f" (process {rank} of {len(per_rank)})" if len(per_rank) > 1 else ""
             raise StaleWeightsError(
                 f"after syncing weights version {pl_module.weights_version}, the rollout engine's log-probs "
-                f"on the probe prompt differ from the trainer's by {mismatch:.4f} per token (tolerance "
+                f"on the probe prompt differ from the trainer's by {mismatch:.4f} per token{where} (tolerance "
                 f"{self.probe_tolerance}): the engine holds stale or wrongly loaded weights, and its rollouts "
                 "would not come from the policy being trained. Check rollout.vllm.dtype against model.dtype, "
                 "or raise VLLMWeightSync.probe_tolerance if a low-precision engine is intended."

@@ -23,6 +23,8 @@ What is covered:
 - bf16 asked for (``trainer.precision``, ``model.dtype``, ``model.rollout.vllm.dtype``) on a CPU
   that emulates it: a warning, not an error (`ibpo_lit.precision`).
 - ``model.lora`` under ``FSDP2Strategy`` (not supported yet).
+- a callback that measures one process only (``callbacks.GradientVarianceLogger``) in a run of
+  several processes: it would log one rank's share as if it were the batch's.
 - ``model.rollout.vllm.tensor_parallel_size`` that does not divide the processes of the run
   (``trainer.devices x trainer.num_nodes``): each vLLM engine spans consecutive ranks.
 - ``data.max_prompt_tokens + model.rollout.sampling.max_new_tokens`` longer than the model's
@@ -76,6 +78,18 @@ def vllm_installed(backend: str, setting: str = "model.rollout.backend: vllm") -
 
     error = vllm_import_error()
     return None if error is None else f"{vllm_install_hint(setting)} ({error})"
+
+
+def single_process_callbacks_fit(callbacks: list[Any], processes: int) -> Optional[str]:
+    """Callbacks that measure one process's share only (``requires_single_process = True``)."""
+    names = [type(cb).__name__ for cb in callbacks if getattr(cb, "requires_single_process", False)]
+    if processes <= 1 or not names:
+        return None
+    return (
+        f"trainer.callbacks: {', '.join(names)} measures one process's rows and gradients only, and this run has "
+        f"{processes} processes: remove it (scripts/variance_at_fixed_policy.py measures the gradient variance "
+        "of every method at fixed weights on one process)"
+    )
 
 
 def mini_batches_fit(num_mini_batches: int, prompts_per_step: int, group_size: int) -> Optional[str]:
@@ -229,6 +243,7 @@ def check_fit_settings(model: Any, datamodule: Any, trainer: Any, ckpt_path: Opt
     processes = _processes(trainer)
     if processes is not None:
         problems.append(tensor_parallel_fits(rollout.backend, rollout.vllm.tensor_parallel_size, processes))
+        problems.append(single_process_callbacks_fit(list(trainer.callbacks), processes))
     if datamodule is not None and hasattr(datamodule, "prompts_per_step"):
         problems.append(
             mini_batches_fit(rollout.num_mini_batches, datamodule.prompts_per_step, rollout.group_size)

@@ -85,6 +85,21 @@ def _first_gradients(monkeypatch):
     return captured
 
 
+def test_gradients_are_freed_after_each_update(tmp_path, monkeypatch):
+    held = []
+    original = PolicyUpdate.run
+
+    def spy(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        held.append(sum(p.grad is not None for p in self.policy.parameters()))
+        return out
+
+    monkeypatch.setattr(PolicyUpdate, "run", spy)
+    fit(tmp_path, steps=2)
+    assert len(held) == 2 and held == [0, 0]  # none kept into the next step's rollouts
+    assert any(g > 0 for g in scalars(tmp_path)["train/grad_norm"])  # there were gradients to free
+
+
 def test_micro_batching_does_not_change_the_gradient(tmp_path, monkeypatch):
     """Accumulating over micro-batches of 1 response gives the gradient of one micro-batch
     of all responses (each micro-batch loss is a share of the mini-batch loss). Gradients,

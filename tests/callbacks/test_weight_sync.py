@@ -40,6 +40,21 @@ def test_probe_fails_loudly_on_stale_weights_and_passes_after_sync(tiny_vllm):
         engine.sync_weights(iter_full_weights(model))
 
 
+def test_every_rank_takes_the_worst_ranks_verdict(tiny_vllm):
+    # Another process's probe failed: this one raises too, instead of going on alone into a
+    # collective the failed one never reaches.
+    engine, model, tokenizer = tiny_vllm
+    sync = VLLMWeightSync(probe_tokens=8, probe_tolerance=0.01)
+    module = module_like(engine, model, tokenizer)
+    sync.sync_engine(None, module)  # this process alone: in tolerance
+    module.sync = SimpleNamespace(gather=lambda mine: [mine, 0.5])
+    with pytest.raises(StaleWeightsError, match=r"by 0.5000 per token \(process 1 of 2\)"):
+        sync.check_probe(module)
+    module.sync = SimpleNamespace(gather=lambda mine: [mine, float("nan")])
+    with pytest.raises(StaleWeightsError, match=r"nan per token \(process 1 of 2\)"):
+        sync.check_probe(module)
+
+
 def test_arguments_are_checked():
     with pytest.raises(ValueError, match="every_n_steps"):
         VLLMWeightSync(every_n_steps=0)
