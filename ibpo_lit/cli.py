@@ -31,7 +31,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from callbacks.progress import StepProgress
 from ibpo_lit import __version__
-from ibpo_lit.config_checks import check_fit_settings, read_checkpoint_error, strategy_supported
+from ibpo_lit.config_checks import check_fit_settings, read_checkpoint_error, strategy_config_problem
 from ibpo_lit.config_keys import known_keys, unknown_key_problems, user_keys
 from ibpo_lit.data.datamodule import PromptDataModule
 from ibpo_lit.errors import ConfigError
@@ -157,8 +157,7 @@ class IBPOCLI(LightningCLI):
         if self.subcommand is None:
             return
         strategy = self.config[self.subcommand].get("trainer", {}).get("strategy")
-        strategy = getattr(strategy, "class_path", strategy)
-        problem = strategy_supported(strategy) if isinstance(strategy, str) else None
+        problem = strategy_config_problem(getattr(strategy, "class_path", strategy), getattr(strategy, "init_args", None))
         if problem:
             raise ConfigError(problem)
 

@@ -159,6 +159,20 @@ def strategy_supported(strategy: Any) -> Optional[str]:
     return None
 
 
+def strategy_config_problem(name: Any, init_args: Any = None) -> Optional[str]:
+    """`strategy_supported` on ``trainer.strategy`` as the config gives it (a name or class
+    path, and its ``init_args``), and FSDP2's refused ``cpu_offload``: checked before Lightning
+    builds the strategy, whose own errors would come as a traceback."""
+    if not isinstance(name, str):
+        return None
+    problem = strategy_supported(name)
+    if problem is None and name.rsplit(".", 1)[-1] in ("FSDP2Strategy", "fsdp2") and getattr(init_args, "cpu_offload", False):
+        from ibpo_lit.scale.strategy import CPU_OFFLOAD_UNSUPPORTED
+
+        problem = CPU_OFFLOAD_UNSUPPORTED
+    return problem
+
+
 def lora_fits(lora: Any, strategy: Any) -> Optional[str]:
     if lora is None or type(strategy).__name__ != "FSDP2Strategy":
         return None

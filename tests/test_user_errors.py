@@ -82,12 +82,14 @@ def test_debug_env_keeps_the_traceback(tmp_path, monkeypatch):
         (["--ckpt_path", "/no/such/last.ckpt"], "ckpt_path: no such checkpoint: /no/such/last.ckpt"),
         (["--model.optim.lr", "0"], "optim.lr must be > 0, got 0"),
         (["--trainer.gradient_clip_val", "1.0"], "Automatic gradient clipping is not supported for manual optimization"),
+        (["--trainer.strategy", '{"class_path": "ibpo_lit.scale.FSDP2Strategy", "init_args": {"cpu_offload": true}}'],
+         "trainer.strategy.init_args.cpu_offload: not supported yet"),
         (["--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.callbacks+", "callbacks.GradientVarianceLogger"],
          "trainer.callbacks: GradientVarianceLogger measures one process's rows and gradients only, and this run has 2"),
     ],
     ids=["model-path", "model-path-relative", "gspo-token-sum", "ibpo-group-of-one", "ibpo-without-corrections",
          "mini-batches", "vllm-without-sync", "no-max-steps", "ckpt-missing", "bad-value", "lightning-misconfiguration",
-         "one-process-callback"],
+         "cpu-offload", "one-process-callback"],
 )
 def test_settings_rejected_in_one_line_before_weights_load(tmp_path, capsys, overrides, message):
     line = _one_line_error(capsys, _fit(tmp_path, *overrides))

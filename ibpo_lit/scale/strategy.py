@@ -45,13 +45,23 @@ from ibpo_lit.training.checkpoint_io import fsync_dir
 _DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
 
+CPU_OFFLOAD_UNSUPPORTED = (
+    "trainer.strategy.init_args.cpu_offload: not supported yet (the vLLM weight sync and the checkpoint gather "
+    "full tensors from the shards over the GPUs' collective, which CPU-offloaded shards cannot join); leave it "
+    "false and lower the memory another way (more processes, gradient checkpointing, model.logprob_chunk_tokens)"
+)
+
+
 class FSDP2Strategy(ModelParallelStrategy):
     """Fully sharded data parallelism (FSDP2) over every process of the run.
 
     Args:
         reshard_after_forward: Free each decoder layer's gathered weights after its forward and
             gather them again in backward (less memory); false keeps them until backward.
-        cpu_offload: Keep parameter shards, gradients and optimizer state in CPU memory.
+        cpu_offload: Keep parameter shards, gradients and optimizer state in CPU memory. Not
+            supported yet (refused): the weight sync gathers full tensors from the shards with a
+            collective of the accelerator's backend, which CPU-resident shards cannot join
+            (TRL and verl move each shard to the GPU first); no GPU run has tested it.
         save_distributed_checkpoint: Each rank writes its own shard (a checkpoint folder);
             false gathers the full model and optimizer on rank 0 into one file.
         process_group_backend: ``nccl`` / ``gloo``; unset = the device's default.
@@ -75,6 +85,8 @@ class FSDP2Strategy(ModelParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
+        if cpu_offload:
+            raise ValueError(CPU_OFFLOAD_UNSUPPORTED)
         self.reshard_after_forward = reshard_after_forward
         self.cpu_offload = cpu_offload
         self.param_dtype: Optional[torch.dtype] = None
