@@ -2,11 +2,19 @@
 
 What is covered:
     * `shard_model`: ``fully_shard`` on every decoder layer (the classes Hugging Face lists in
-      ``model._no_split_modules``), then on the root, which keeps the embeddings, the final norm
-      and the LM head (a tied head shares the embedding's one parameter, so both stay in one
-      unit). Mixed precision is FSDP2's own ``MixedPrecisionPolicy``: parameters cast to
-      ``param_dtype`` (bf16) for compute, gradients reduced in ``reduce_dtype`` (fp32), master
-      weights and optimizer state in the parameters' dtype (fp32).
+      ``model._no_split_modules``); on the input embedding and on the LM head, each a unit of
+      its own, when they are not tied; then on the root, which keeps the final norm (and a tied
+      embedding and head: one parameter belongs to one unit, see `untied_embeddings`). Mixed
+      precision is FSDP2's own ``MixedPrecisionPolicy``: parameters cast to ``param_dtype``
+      (bf16) for compute, gradients reduced in ``reduce_dtype`` (fp32), master weights and
+      optimizer state in the parameters' dtype (fp32).
+    * Units are gathered only while they compute. An untied embedding and head follow the
+      decoder layers' ``reshard_after_forward`` (Qwen3-32B's head is 151936 x 5120, 1.56 GB in
+      bf16: in the root it stayed gathered from the start of every forward to its backward).
+      FSDP2 leaves the root gathered after its forward (its backward would gather it again at
+      once) and reshards it in that backward; a forward without autograd (``torch.no_grad``:
+      the old-logprob pass, the weight-sync probe, CIW scoring) has none, so a forward hook on
+      the root (`_ReshardAfterNoGrad`) reshards every unit, the root included, after it.
     * `build_sharded`: the model built on the meta device on every rank, sharded, given empty
       storage for its shards only, then filled from a full state dict that only rank 0 holds
       (``set_model_state_dict(..., broadcast_from_rank0=True)``: rank 0 broadcasts one tensor
@@ -15,17 +23,20 @@ What is covered:
       ``inv_freq``) are not in a state dict: they are recomputed in float32 by the model's own
       ``_init_weights``, and tied parameters are tied again.
     * `gathered_weights`: every unit unsharded for the duration of a block and not resharded
-      after each forward, so a block of forwards whose number differs between ranks (token by
-      token decoding) runs no collective. Costs one full copy of the weights (in the compute
-      dtype) per rank while it lasts; use vLLM rollouts for models where that does not fit.
+      after each forward (no-grad forwards included), so a block of forwards whose number
+      differs between ranks (token by token decoding) runs no collective. Costs one full copy
+      of the weights (in the compute dtype) per rank while it lasts; use vLLM rollouts for
+      models where that does not fit.
     * `fp32_rotary_buffers`: recompute non-persistent buffers in float32 after anything cast the
       module (a ``bf16-true`` precision plugin, ``model.to(bfloat16)``): positions up to 32k
       multiplied by a bfloat16 ``inv_freq`` (8 bits of mantissa) give wrong rotary angles.
 
 What is not covered:
     * Tensor parallelism of the trained model (only data-parallel sharding); expert parallelism.
-    * Models without ``_no_split_modules`` (then only the root is a unit: correct, but one
-      all-gather holds every weight).
+    * Models without ``_no_split_modules`` (then the root holds every decoder weight: correct,
+      but one all-gather holds them all).
+    * A tied embedding and head split into two units: they are one parameter, gathered from
+      the first operation of the forward to the last, so they stay in the root.
 """
 from __future__ import annotations
 
@@ -72,8 +83,33 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
+def untied_embeddings(model: nn.Module) -> list[nn.Module]:
+    """The input embedding and the LM head (``get_input_embeddings``/``get_output_embeddings``)
+    that `shard_model` makes units of their own: both when they share no parameter, none when
+    they are tied.
+
+    A tied pair stays in the root. FSDP2 manages a parameter in one unit only (it refuses a
+    parameter shared between two), and one unit over both modules would be gathered from the
+    embedding lookup, the forward's first operation, to the head, its last: the root's
+    lifetime, so nothing would be saved."""
+    found = []
+    for getter in ("get_input_embeddings", "get_output_embeddings"):
+        try:
+            module = getattr(model, getter)()
+        except (AttributeError, NotImplementedError):  # not a Hugging Face model, or no such module
+            module = None
+        if module is not None and module is not model and any(True for _ in module.parameters()):
+            found.append(module)
+    if len(found) == 2:
+        first = {id(p) for p in found[0].parameters()}
+        if found[0] is found[1] or any(id(p) in first for p in found[1].parameters()):
+            return []
+    return found
+
+
 def shard_model(model: nn.Module, plan: FSDP2Plan) -> nn.Module:
-    """``fully_shard`` each decoder layer, then the root (see the module docstring)."""
+    """``fully_shard`` each decoder layer, an untied embedding and head, then the root (see the
+    module docstring)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     kwargs = {
@@ -81,10 +117,38 @@ def shard_model(model: nn.Module, plan: FSDP2Plan) -> nn.Module:
         "mp_policy": MixedPrecisionPolicy(param_dtype=plan.param_dtype, reduce_dtype=plan.reduce_dtype),
         "offload_policy": CPUOffloadPolicy() if plan.cpu_offload else OffloadPolicy(),
     }
-    for layer in decoder_layers(model):
-        fully_shard(layer, reshard_after_forward=plan.reshard_after_forward, **kwargs)
+    for module in [*decoder_layers(model), *untied_embeddings(model)]:
+        fully_shard(module, reshard_after_forward=plan.reshard_after_forward, **kwargs)
     fully_shard(model, **kwargs)  # the root: FSDP2 keeps it gathered from forward to backward
+    # Registered after fully_shard's own post-forward hook, so it runs after it.
+    hook = _ReshardAfterNoGrad(fsdp_modules(model))
+    model.register_forward_hook(hook)
+    model._ibpo_no_grad_reshard = hook  # for gathered_weights to hold it off
     return model
+
+
+class _ReshardAfterNoGrad:
+    """Forward hook on the root unit: after a forward run without autograd, reshard every unit.
+
+    FSDP2 (torch 2.13, ``FSDPState._lazy_init``) does not reshard the root after its forward,
+    and the root's post-backward reshards it; a no-grad forward has no backward, so without
+    this hook the root (and every unit, with ``reshard_after_forward=False``) would stay
+    gathered until the next training backward. Resharding is local (it frees the gathered
+    copy; no collective): a later forward or backward gathers a unit again in its own
+    pre-hook, as after any forward that resharded it, and forwards are collectives that every
+    rank already runs alike. ``held`` > 0 (inside `gathered_weights`) leaves everything
+    gathered."""
+
+    def __init__(self, units: list[nn.Module]) -> None:
+        self.units = units
+        self.held = 0
+
+    def __call__(self, module: nn.Module, args, output) -> None:
+        if torch.is_grad_enabled() or self.held:
+            return None
+        for unit in self.units:
+            unit.reshard()
+        return None
 
 
 def fsdp_modules(model: nn.Module) -> list[nn.Module]:
@@ -169,21 +233,28 @@ def fp32_rotary_buffers(model: nn.Module) -> None:
 def gathered_weights(model: nn.Module, reshard_after_forward: bool = True) -> Iterator[None]:
     """Every FSDP2 unit of ``model`` unsharded while the block runs (nothing for an unsharded
     model). Entering is a collective: every rank must enter as many times. Inside, forwards
-    run no collective, so each rank may run as many as it needs.
+    run no collective, so each rank may run as many as it needs: nothing reshards after them,
+    no-grad forwards included (`_ReshardAfterNoGrad` is held off).
 
-    ``reshard_after_forward`` is the decoder layers' setting to restore on exit (the root's
-    is always False, FSDP2's default for it)."""
+    ``reshard_after_forward`` is the setting to restore on exit for every unit but the root
+    (decoder layers, an untied embedding and head: the plan's one value); the root's is
+    always False, FSDP2's default for it."""
     units = fsdp_modules(model)
     if not units:
         yield
         return
-    for unit in units:
-        unit.set_reshard_after_forward(False, recurse=False)
-    for unit in units:
-        unit.unshard()
+    holds = [h for h in (getattr(u, "_ibpo_no_grad_reshard", None) for u in units) if h is not None]
+    for hold in holds:
+        hold.held += 1
     try:
+        for unit in units:
+            unit.set_reshard_after_forward(False, recurse=False)
+        for unit in units:
+            unit.unshard()
         yield
     finally:
         for unit in units:
             unit.reshard()
             unit.set_reshard_after_forward(reshard_after_forward and unit is not model, recurse=False)
+        for hold in holds:
+            hold.held -= 1
