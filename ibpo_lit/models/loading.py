@@ -152,25 +152,31 @@ def load_sharded_policy(
     return model, tokenizer
 
 
-def model_context_length(name_or_path: str) -> Optional[int]:
-    """The model's ``max_position_embeddings``, read from its config alone (no weights, no
-    download); None when it cannot be read offline (a hub id not in the local cache, a fetched
-    model not fetched yet)."""
+def model_config(name_or_path: str):
+    """The model's ``PretrainedConfig``, read without weights and without a download: a built-in
+    model's, a fetched or local model's ``config.json``, a hub model's from the local Hugging Face
+    cache, else the hub's values for the shipped configs' models
+    (`ibpo_lit.models.known_configs`); None when none of them has it."""
+    from ibpo_lit.models.known_configs import known_config
     from ibpo_lit.models.smollm2 import is_complete, model_dir
     from ibpo_lit.models.tiny import tiny_config
 
     try:
         if name_or_path in BUILTIN_MODELS:
-            config = tiny_config("qwen3" if "qwen3" in name_or_path else "llama")
-        elif name_or_path in FETCHED_MODELS:
-            if not is_complete(model_dir()):
-                return None
-            config = AutoConfig.from_pretrained(str(model_dir()))
-        else:
-            local = _looks_local(name_or_path)
-            path = os.path.expanduser(name_or_path) if local else name_or_path
-            config = AutoConfig.from_pretrained(path, local_files_only=True)
+            return tiny_config("qwen3" if "qwen3" in name_or_path else "llama")
+        if name_or_path in FETCHED_MODELS:
+            return AutoConfig.from_pretrained(str(model_dir())) if is_complete(model_dir()) else None
+        local = _looks_local(name_or_path)
+        path = os.path.expanduser(name_or_path) if local else name_or_path
+        return AutoConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError):
+        return known_config(name_or_path)
+
+
+def model_context_length(name_or_path: str) -> Optional[int]:
+    """The model's ``max_position_embeddings`` (`model_config`); None when it cannot be read offline."""
+    config = model_config(name_or_path)
+    if config is None:
         return None
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     value = getattr(text, "max_position_embeddings", None)

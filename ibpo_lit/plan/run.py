@@ -1,0 +1,103 @@
+"""What a run's config asks of each GPU, gathered once from the built config objects.
+
+`RunShape.from_fit` reads the instantiated ``IBPOModule``, ``PromptDataModule`` and the
+trainer's settings (a Lightning ``Trainer`` or, for ``python -m ibpo_lit plan``, the config's
+``trainer`` section as a namespace): nothing is loaded. Every number the plan uses from the
+config is here, under the name the plan's arithmetic uses; each comes from its one home in the
+config (the key is in the comment).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Optional
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DEFAULT_TIMEOUT_S = 1800.0  # torch.distributed's (and Lightning's) default collective timeout
+VLLM_DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default when rollout.vllm.max_num_seqs is unset
+
+
+@dataclass(frozen=True)
+class RunShape:
+    processes: int  # trainer.devices x trainer.num_nodes
+    sharded: bool  # trainer.strategy is FSDP2: parameters, gradients, optimizer state sharded
+    param_bytes: int  # model.dtype: master weights, gradients, AdamW's two moments
+    compute_bytes: int  # trainer.precision: bf16-* computes in 2 bytes
+    backend: str  # model.rollout.backend
+    tensor_parallel: int  # model.rollout.vllm.tensor_parallel_size
+    gpu_memory_utilization: float  # model.rollout.vllm.gpu_memory_utilization
+    sleep_mode: bool  # model.rollout.vllm.enable_sleep_mode
+    engine_bytes: int  # model.rollout.vllm.dtype
+    max_num_seqs: int  # model.rollout.vllm.max_num_seqs
+    max_model_len: Optional[int]  # model.rollout.vllm.max_model_len (vLLM only)
+    group_size: int  # model.rollout.group_size
+    prompts_per_rank: int  # data.prompts_per_step
+    max_prompt_tokens: int  # data.max_prompt_tokens
+    max_new_tokens: int  # model.rollout.sampling.max_new_tokens
+    micro_batch_size: int  # model.rollout.micro_batch_size
+    extra_old_logp_forward: bool  # model.rollout.old_logp trainer with num_mini_batches > 1
+    checkpointing: bool  # model.gradient_checkpointing
+    logprob_chunk_tokens: Optional[int]  # model.logprob_chunk_tokens
+    corrections: bool  # model.algorithm.ibpo.variant != none
+    correction_new_tokens: int  # model.algorithm.ibpo.max_new_tokens (unset: the rollouts')
+    corrections_per_input: int  # model.algorithm.ibpo.corrections_per_input
+    two_candidates: bool  # model.algorithm.ibpo.reference != none
+    train_on_corrections: bool  # model.algorithm.ibpo.train_on_corrections
+    timeout_s: float  # trainer.strategy's timeout
+    on_gpu: bool  # trainer.accelerator
+
+    @classmethod
+    def from_fit(cls, module: Any, datamodule: Any, trainer: Any) -> "RunShape":
+        rollout, ibpo = module.rollout_cfg, module.algorithm.ibpo
+        strategy = getattr(trainer, "strategy", None)
+        precision = str(getattr(trainer, "precision", None) or "32")
+        param_bytes = DTYPE_BYTES.get(module.dtype_name, 4)
+        engine_dtype = rollout.vllm.dtype
+        timeout = getattr(strategy, "_timeout", None) or getattr(strategy, "timeout", None)
+        return cls(
+            processes=_processes(trainer),
+            sharded=type(strategy).__name__ == "FSDP2Strategy" or strategy == "fsdp2",
+            param_bytes=param_bytes,
+            compute_bytes=2 if precision.startswith(("bf16", "16")) else param_bytes,
+            backend=rollout.backend,
+            tensor_parallel=rollout.vllm.tensor_parallel_size if rollout.backend == "vllm" else 1,
+            gpu_memory_utilization=rollout.vllm.gpu_memory_utilization,
+            sleep_mode=rollout.vllm.enable_sleep_mode,
+            engine_bytes=param_bytes if engine_dtype == "auto" else DTYPE_BYTES[engine_dtype],
+            max_num_seqs=rollout.vllm.max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS,
+            max_model_len=rollout.vllm.max_model_len if rollout.backend == "vllm" else None,
+            group_size=rollout.group_size,
+            prompts_per_rank=getattr(datamodule, "prompts_per_step", 1),
+            max_prompt_tokens=getattr(datamodule, "max_prompt_tokens", 0) or 0,
+            max_new_tokens=rollout.sampling.max_new_tokens,
+            micro_batch_size=rollout.micro_batch_size,
+            extra_old_logp_forward=rollout.old_logp == "trainer" and rollout.num_mini_batches > 1,
+            checkpointing=bool(module.gradient_checkpointing),
+            logprob_chunk_tokens=module.logprob_chunk_tokens,
+            corrections=ibpo.variant != "none",
+            correction_new_tokens=ibpo.max_new_tokens or rollout.sampling.max_new_tokens,
+            corrections_per_input=ibpo.corrections_per_input,
+            two_candidates=getattr(ibpo, "reference", "correct") != "none",
+            train_on_corrections=bool(ibpo.train_on_corrections),
+            timeout_s=timeout.total_seconds() if isinstance(timeout, timedelta) else DEFAULT_TIMEOUT_S,
+            on_gpu=str(getattr(trainer, "accelerator", "")).lower() in ("gpu", "cuda") or
+            type(getattr(trainer, "accelerator", None)).__name__ == "CUDAAccelerator",
+        )
+
+    @property
+    def shard_degree(self) -> int:
+        return self.processes if self.sharded else 1
+
+    def context_limit(self, model_context: Optional[int]) -> Optional[int]:
+        """Longest prompt + response the policy and the engine take (as ``IBPOModule.context_limit``)."""
+        limits = [x for x in (model_context, self.max_model_len) if x]
+        return min(limits) if limits else None
+
+
+def _processes(trainer: Any) -> int:
+    devices = getattr(trainer, "num_devices", None) or getattr(trainer, "devices", 1)
+    try:
+        devices = int(devices)
+    except (TypeError, ValueError):
+        devices = 1
+    return max(1, devices) * max(1, int(getattr(trainer, "num_nodes", 1) or 1))
