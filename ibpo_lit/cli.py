@@ -37,6 +37,7 @@ from ibpo_lit.data.datamodule import PromptDataModule
 from ibpo_lit.errors import ConfigError
 from ibpo_lit.help_cache import keep_help, kept_help
 from ibpo_lit.module import IBPOModule
+from ibpo_lit.plan.plan import PlanSettings
 from ibpo_lit.rewards.functions import data_task as _rewards_task
 from ibpo_lit.scale import strategy as _registers_fsdp2  # noqa: F401 - `trainer.strategy: fsdp2`
 from ibpo_lit.trainer import Trainer
@@ -122,6 +123,8 @@ class IBPOCLI(LightningCLI):
         # The prompts' task is the verifier that scores them: one setting (`model.reward`), so a
         # code run cannot build math prompts (or the reverse) by forgetting a second line.
         parser.link_arguments(("model.reward", "model.rewards"), "data.task", compute_fn=_rewards_task)
+        # The hardware the memory and time plan is for, and whether fit refuses a failing plan.
+        parser.add_class_arguments(PlanSettings, "plan")
 
     def parse_arguments(self, parser, args) -> None:
         """Every unknown key at once, each with a "did you mean" (`ibpo_lit.config_keys`), before
@@ -175,7 +178,8 @@ class IBPOCLI(LightningCLI):
             # Before anything loads (the data module's tokenizer, the weights); `IBPOModule.setup`
             # runs them for a `Trainer.fit` without this command line.
             ckpt_path = self.config[self.subcommand].get("ckpt_path") if self.subcommand else None
-            check_fit_settings(self.model, self.datamodule, self.trainer, ckpt_path)
+            plan = self._get(self.config_init, "plan")
+            check_fit_settings(self.model, self.datamodule, self.trainer, ckpt_path, plan)
             self.model.settings_checked = True
             _validation_schedule(self.trainer, self.datamodule)
 
@@ -213,6 +217,8 @@ Subcommands: fit (train), validate (Lightning's: the validation sets only), and
              correction and Best-of-N baselines (python -m ibpo_lit evaluate --help)
   export     a checkpoint (one file or sharded) as a Hugging Face model folder
              (python -m ibpo_lit export --help)
+  plan       memory per GPU by phase, time per step and the timeout a config needs,
+             before any GPU (python -m ibpo_lit plan --help)
 """
 
 
@@ -220,10 +226,12 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultHelpFormatter)
     """Keeps DESCRIPTION's line breaks."""
 
 
-def main(args: list[str] | None = None, run: bool = True):
+def main(args: list[str] | None = None, run: bool = True, cli_class: type = None):
     """Parse ``args`` (default: the command line) and run the subcommand; ``run=False``
     parses a config without a subcommand and only instantiates (used to check configs).
-    Returns the LightningCLI, or the exit code of ``fetch``/``export``/``evaluate``."""
+    Returns the LightningCLI, or the exit code of ``fetch``/``export``/``evaluate``/``plan``.
+    ``cli_class``: an `IBPOCLI` subclass (the plan's, which builds no Trainer)."""
+    cli_class = cli_class or IBPOCLI
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] == ["fetch"]:
         from ibpo_lit.models.fetch_cli import fetch_main
@@ -237,7 +245,11 @@ def main(args: list[str] | None = None, run: bool = True):
         from ibpo_lit.evaluation.cli import evaluate_main
 
         return evaluate_main(argv[1:])
-    return IBPOCLI(
+    if argv[:1] == ["plan"]:
+        from ibpo_lit.plan.cli import plan_main
+
+        return plan_main(argv[1:])
+    return cli_class(
         IBPOModule,
         PromptDataModule,
         trainer_class=Trainer,  # Lightning's, with `trainer.precision: auto`

@@ -31,6 +31,9 @@ What is covered:
   context (its config's ``max_position_embeddings``, read without loading weights when it is
   on disk) or than ``model.rollout.vllm.max_model_len``.
 
+- The run's plan (`ibpo_lit.plan`, ``plan:`` settings): memory per GPU by phase, the KV cache,
+  the collective timeout (on a GPU), and how much of each candidate a correction prompt keeps.
+
 What is checked elsewhere: GSPO with an ``agg_mode`` (token-sum or any other aggregation) and a
 group size below 2 (`ibpo_lit.config`); Lightning itself rejects ``trainer.gradient_clip_val``
 and ``trainer.accumulate_grad_batches`` with manual optimization (use ``model.optim.grad_clip``
@@ -207,6 +210,33 @@ def context_fits(model_name: str, prompt_tokens: int, new_tokens: int, max_model
     )
 
 
+def plan_problems(model: Any, datamodule: Any, trainer: Any, settings: Any = None) -> list[str]:
+    """What the run's plan (`ibpo_lit.plan`) refuses: on a GPU, a phase that does not fit its
+    memory, a KV cache that holds no sequence, a collective timeout shorter than the waits; on
+    any device, correction prompts that keep too little of their candidates. With
+    ``plan.check: false`` they are warnings. Nothing when the model's config cannot be read
+    offline (as for the context check)."""
+    from ibpo_lit.models.loading import model_config
+    from ibpo_lit.plan.plan import PlanSettings, build_plan
+    from ibpo_lit.plan.run import RunShape
+    from ibpo_lit.plan.shapes import ModelShape
+
+    settings = settings if settings is not None else PlanSettings()
+    config = model_config(model.model_name)
+    if config is None or datamodule is None or not hasattr(datamodule, "prompts_per_step"):
+        return []
+    problems = build_plan(ModelShape.from_config(config), RunShape.from_fit(model, datamodule, trainer), settings).problems()
+    if problems and not settings.check:
+        from lightning.pytorch.utilities import rank_zero_warn
+
+        for problem in problems:
+            rank_zero_warn(f"{problem} (plan.check: false, so the run goes on)")
+        return []
+    if problems:
+        problems[-1] += " (`python -m ibpo_lit plan --config ...` prints the whole plan; plan.check: false runs anyway)"
+    return problems
+
+
 def _warn_slow_precision(model: Any, trainer: Any) -> None:
     from ibpo_lit.precision import slow_bf16_settings
 
@@ -236,11 +266,13 @@ def _processes(trainer: Any) -> Optional[int]:
         return None
 
 
-def check_fit_settings(model: Any, datamodule: Any, trainer: Any, ckpt_path: Optional[str] = None) -> None:
+def check_fit_settings(model: Any, datamodule: Any, trainer: Any, ckpt_path: Optional[str] = None,
+                       plan_settings: Any = None) -> None:
     """Raise one `ConfigError` listing every cross-section contradiction (see the module docstring).
 
     ``model`` is an ``IBPOModule``, ``datamodule`` a ``PromptDataModule`` (or None), ``trainer``
-    a Lightning ``Trainer``; none of them has loaded weights yet.
+    a Lightning ``Trainer``; none of them has loaded weights yet. ``plan_settings``: the config's
+    ``plan`` section (`ibpo_lit.plan.plan.PlanSettings`; None: its defaults).
     """
     path_problem = model_path_exists(model.model_name)
     problems = [
@@ -267,6 +299,8 @@ def check_fit_settings(model: Any, datamodule: Any, trainer: Any, ckpt_path: Opt
         problems.append(
             context_fits(model.model_name, datamodule.max_prompt_tokens, rollout.sampling.max_new_tokens, max_model_len)
         )
+    if not any(problems):  # a plan of a contradictory config would only repeat its problems
+        problems.extend(plan_problems(model, datamodule, trainer, plan_settings))
     _warn_slow_precision(model, trainer)
     problems = [p for p in problems if p]
     if len(problems) == 1:

@@ -13,7 +13,8 @@ corrections included. Random weights answer nothing right, so rewards come from 
 response (half the rows right): the update then trains every row, as a real run's would.
 
 Reported per model, over the steps after ``--warmup``: seconds per step and per update,
-generated and trained tokens per second, MFU of the whole step and of the update alone
+generated and trained tokens per second, the peak memory allocated against the plan's
+(`python -m ibpo_lit plan`'s arithmetic for the same run, tensors only), MFU of the whole step and of the update alone
 (parameter FLOPs, ``ibpo_lit.algorithms.diagnostics.estimate_flops``: 2N per prefilled or
 generated token, 6N per trained token, attention not counted) against the device's dense bf16
 peak (H100/H200 SXM: 989 TFLOP/s; ``--peak-tflops`` for others), and the peak memory allocated.
@@ -132,6 +133,7 @@ def run_shape(shape: str, args) -> dict:
     trained = sum(s["trained_tokens"] for s in timed) / len(timed)
     device_name = torch.cuda.get_device_name() if on_gpu else "cpu"
     peak = peak_tflops(device_name, args.peak_tflops)
+    planned = planned_peak_gib(module, data, trainer)
     return {
         "shape": shape,
         "device": device_name,
@@ -149,8 +151,22 @@ def run_shape(shape: str, args) -> dict:
         "mfu_step": step_flops / step_s / (peak * 1e12) if peak else None,
         "mfu_update": train_flops / update_s / (peak * 1e12) if peak and update_s > 0 else None,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
+        "plan_peak_gib": planned,
         "fit_s": total_s,
     }
+
+
+def planned_peak_gib(module, data, trainer) -> dict[str, float]:
+    """What `python -m ibpo_lit plan` predicts for this run, per phase, in GiB of tensors (no
+    CUDA context or allocator overhead: ``torch.cuda.max_memory_allocated`` counts neither)."""
+    from ibpo_lit.plan.memory import GIB
+    from ibpo_lit.plan.plan import PlanSettings, build_plan
+    from ibpo_lit.plan.run import RunShape
+    from ibpo_lit.plan.shapes import ModelShape
+
+    plan = build_plan(ModelShape.from_config(module.policy.config), RunShape.from_fit(module, data, trainer),
+                      PlanSettings(overhead_gib=0.0, gpu_memory_gib=80.0))
+    return {phase.name: phase.total / GIB for phase in plan.phases}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -176,6 +192,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for r in results:
         mfu = f"{r['mfu_update']:.1%}" if r["mfu_update"] is not None else "n/a"
         memory = f"{r['peak_memory_gib']:.1f} GiB" if r["peak_memory_gib"] is not None else "n/a"
+        memory += f" (plan: {max(r['plan_peak_gib'].values()):.1f} GiB)"
         print(f"{r['shape']}: {r['step_s']:.2f} s/step ({r['update_s']:.2f} s update), "
               f"{r['generated_tokens_per_s']:.0f} generated tok/s, {r['trained_tokens_per_s']:.0f} trained tok/s, "
               f"update MFU {mfu}, peak memory {memory}")

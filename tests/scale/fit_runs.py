@@ -20,6 +20,16 @@ HERE = Path(__file__).resolve().parent
 TIMEOUT_S = 420  # a hang (mismatched collectives) fails the test instead of stalling CI
 
 
+def two_process_results(script: Path, out_dir: Path) -> list[dict]:
+    """Run ``script OUT_DIR`` on 2 processes (torchrun, gloo) and read each rank's
+    ``OUT_DIR/rank<r>.json``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(script), str(out_dir)]
+    done = subprocess.run(cmd, cwd=REPO, env=fit_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
 def fit_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)

@@ -1,17 +1,14 @@
 """The pieces of the scale path: FSDP2 loading, weight iteration, gathered generation and log-probs
 on 2 processes (tests/scale/fsdp2_checks.py), and, in one process, the checkpoint publishing,
 the rank-agreement object and the config checks."""
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from fit_runs import HERE, REPO, fit_env
+from fit_runs import HERE, REPO, two_process_results
 from ibpo_lit.config_checks import context_fits, strategy_supported, tensor_parallel_fits
 from ibpo_lit.scale.collectives import SINGLE_PROCESS
 from ibpo_lit.scale.strategy import _publish, _remove_orphans
@@ -19,12 +16,7 @@ from ibpo_lit.scale.strategy import _publish, _remove_orphans
 
 @pytest.fixture(scope="module")
 def checks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fsdp2_checks")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(HERE / "fsdp2_checks.py"), str(out)]
-    done = subprocess.run(cmd, cwd=REPO, env=fit_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return two_process_results(HERE / "fsdp2_checks.py", tmp_path_factory.mktemp("fsdp2_checks"))
 
 
 @pytest.mark.slow

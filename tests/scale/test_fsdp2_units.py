@@ -17,12 +17,11 @@ and the same model built with ``tie_word_embeddings=False``.
 - ``gathered_weights``: inside its block nothing reshards, not even after a no-grad forward.
 """
 import json
-import subprocess
 import sys
 
 import pytest
 
-from fit_runs import HERE, REPO, fit_env
+from fit_runs import HERE, two_process_results
 
 ATOL = 1e-6  # fp32, the same kernels on both sides: only the gradient mean's rounding differs
 SEED = 3
@@ -253,12 +252,7 @@ def main(out_dir: str) -> None:
 # ------------------------------------------------------------------------------ the tests
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fsdp2_units")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(HERE / "test_fsdp2_units.py"), str(out)]
-    done = subprocess.run(cmd, cwd=REPO, env=fit_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return two_process_results(HERE / "test_fsdp2_units.py", tmp_path_factory.mktemp("fsdp2_units"))
 
 
 LAYERS = {
