@@ -278,8 +278,10 @@ def _mbpp_tasks(path, variant: str, split: str | None, shown_tests: int | None,
         problem = _field(obj, text_key, path, line).strip()
         if shown:
             problem += "\nYour code should pass these tests:\n\n" + "\n".join(shown)
+        classes = {n.name for n in reference.body if isinstance(n, ast.ClassDef)}  # whose instances tests use
         spec = CodeTests(kind="assert", tests=tuple(tests), setup=setup, suffix=_lines(test_imports),
-                         prelude=_lines([*test_imports, *imports]), remote=tuple(remote))
+                         prelude=_lines([*test_imports, *imports]), remote=tuple(remote),
+                         classes=tuple(n for n in remote if n in classes))
         # The entry point: of the tested definitions, the one the first test names first.
         entry = min(remote, key=lambda n: tests[0].find(n) % (len(tests[0]) + 1), default=None)
         yield _task(f"{variant}/{task_id}", problem, spec, entry_point=entry, reference=code,
@@ -360,7 +362,8 @@ def load_livecodebench(path: str | Path, limit: int | None = None, start_date: s
                 if not func:
                     raise BadRecordError(path, line, "metadata", "functional problem without func_name")
                 spec = CodeTests(kind="assert", tests=tuple(_lcb_assert(func, c) for c in cases), prefix=LCB_IMPORTS,
-                                 prelude=_LCB_PRELUDE, remote=("Solution",), stop_at_first_failure=True,
+                                 prelude=_LCB_PRELUDE, remote=("Solution",), classes=("Solution",),
+                                 stop_at_first_failure=True,
                                  timeout_s=limit_s)
                 problem = f"{content}\n\n{LCB_FUNCTIONAL_FORMAT}\n```python\n{starter}\n```"
             else:

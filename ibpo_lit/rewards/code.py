@@ -103,6 +103,9 @@ DEFAULT_MEMORY_MB = 1024
 # program's values (a C-level loop no signal interrupts), which is the program's timeout.
 SETUP_LIMIT_S = 15.0
 CLEANUP_GRACE_S = 5.0
+# The judge's stdout holds "running" and one verdict line whose detail it caps at 500
+# characters: more is a judge broken on the program's data, stopped there (not read into memory).
+MAX_VERDICT_BYTES = 64 << 10
 _LIMITS = {"tmpfs_mb": 64, "file_size_mb": 16, "max_processes": 64, "max_output_bytes": 8 << 20}
 GOLD_VERSION = 2
 _SANDBOX_DIR = Path(__file__).with_name("sandbox")
@@ -132,6 +135,12 @@ class CodeTests:
             functions or classes under test; HumanEval's entry point, which the prelude defines
             as a stub, is the program's). Required for ``assert`` tests: every other name in the
             tests and setup is the judge's, so a program cannot redefine what it is compared with.
+        classes: The entry points that are classes whose instances the tests use (LiveCodeBench's
+            ``Solution``, MBPP's tested classes): an instance made by calling one, and its
+            attributes, answer the tests' requests (methods, ``in``, indexing). A value any
+            other call returns that is not plain data is a handle the tests may call, iterate, or
+            ask its length, truth or text, but not its attributes, members or items: those would
+            send the test's values to the program and believe its answer (docs/sandbox.md).
         timeout_s: Wall-clock limit for the program: loading and all tests, from the moment its
             sandbox is ready (start-up has its own 5 s limit). None: `DEFAULT_TIMEOUT_S`.
         memory_mb: Memory limit of the program (None: `DEFAULT_MEMORY_MB`).
@@ -146,6 +155,7 @@ class CodeTests:
     suffix: str = ""
     prelude: str = ""
     remote: tuple[str, ...] = ()
+    classes: tuple[str, ...] = ()
     timeout_s: float | None = None
     memory_mb: int | None = None
     stop_at_first_failure: bool = False
@@ -154,6 +164,9 @@ class CodeTests:
     def __post_init__(self) -> None:
         object.__setattr__(self, "tests", tuple(self.tests))
         object.__setattr__(self, "remote", tuple(self.remote))
+        object.__setattr__(self, "classes", tuple(self.classes))
+        if not set(self.classes) <= set(self.remote):
+            raise ValueError(f"classes {sorted(set(self.classes) - set(self.remote))} are not entry points (remote)")
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if self.reward not in REWARD_MODES:
@@ -334,7 +347,7 @@ def run_code_tests(completion: str, spec: CodeTests, *, extract: bool = True,
     max_frame = frame_limit(memory_mb)
     payload = {
         **_LIMITS, "kind": spec.kind, "tests": list(spec.tests), "prelude": spec.prelude, "setup": spec.setup,
-        "remote": list(spec.remote), "stop_at_first_failure": spec.stop_at_first_failure,
+        "remote": list(spec.remote), "classes": list(spec.classes), "stop_at_first_failure": spec.stop_at_first_failure,
         "program": _program(spec.prefix, code, spec.suffix),
         "timeout_s": timeout_s, "memory_mb": memory_mb, "max_frame": max_frame, "max_items": max_frame // 2,
         "judge_memory_mb": judge_memory_mb(memory_mb),
@@ -375,7 +388,8 @@ def run_code_tests(completion: str, spec: CodeTests, *, extract: bool = True,
     if "infra_error" in result:
         raise SandboxError(result["infra_error"])
     return CodeResult(passed=result["passed"], total=result["total"], status=result["status"],
-                      tests=tuple(result["tests"]), detail=result["detail"], seconds=seconds, run_id=run_id)
+                      tests=tuple(result["tests"]), detail=str(result["detail"])[:1000], seconds=seconds,
+                      run_id=run_id)
 
 
 def _watch(proc: subprocess.Popen, payload: bytes, timeout_s: float) -> tuple[bytes, bytes, bool, bool]:
@@ -403,6 +417,9 @@ def _watch(proc: subprocess.Popen, payload: bytes, timeout_s: float) -> tuple[by
                 del streams[fd]
                 continue
             streams[fd] += chunk
+            if len(out) > MAX_VERDICT_BYTES:
+                _kill_group(proc.pid)  # no verdict: the program's failure once it runs
+                return b"", bytes(err), running, False
             if not running and streams[fd] is out and b"running\n" in out:
                 running, deadline = True, time.monotonic() + timeout_s + CLEANUP_GRACE_S
             if len(err) > 1 << 16:

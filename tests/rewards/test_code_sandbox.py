@@ -18,6 +18,7 @@ from ibpo_lit.rewards import (
     run_tests,
 )
 from ibpo_lit.rewards.code import probe
+from ibpo_lit.rewards.scoring import scoring_pool
 from ibpo_lit.rewards.sandbox.isolation import (
     Isolation,
     SandboxUnavailable,
@@ -116,10 +117,19 @@ def test_code_reward_is_registered_and_binary_by_default():
     assert code_reward(ADD, "not a gold") is None
 
 
-def test_code_reward_runs_in_a_reward_pool_worker():
+def test_code_reward_runs_in_the_sandbox_pool_with_one_clock():
     gold = CodeTests(tests=ADD_TESTS, **ENTRY).to_gold()
-    with RewardPool("code", num_workers=1, timeout_s=60) as pool:
+    pool = scoring_pool("code", num_workers=1)
+    try:
         assert pool.score([(ADD, gold), ("def add(a, b):\n    return 0\n", gold)]) == [1.0, 0.0]
+        # a slow wrong program runs out its own limit: 0 (timeout), never unscorable
+        slow = CodeTests(tests=ADD_TESTS, timeout_s=1.0, **ENTRY).to_gold()
+        assert pool.score([("def add(a, b):\n    while True:\n        pass\n", slow)]) == [0.0]
+    finally:
+        pool.close()
+    # a worker pool's timeout would be a second, shorter clock around the sandbox's: refused
+    with pytest.raises(ValueError, match="SandboxPool"):
+        RewardPool("code", num_workers=1, timeout_s=60)
 
 
 # ------------------------------------------------------------------ what crosses the pipe
@@ -139,13 +149,14 @@ def test_values_handles_and_shadowed_builtins():
         "assert list(gen(3)) == [0, 1, 2]",
         "assert counts('aab') == {'a': 2, 'b': 1}",
         "assert big() == (3 ** 200, float('inf'), {(1, 2): frozenset({b'x'})}, 1 + 2j)",
-        "b = make(4)\nassert b.v == 4 and b.items == [4, 4] and len(b) == 2 and str(b) == 'Box(4)'",
-        "b = make(1)\nb.v = 9\nassert fill(b).v == 7 and b.v == 7",
+        "b = Box(4)\nassert b.v == 4 and b.items == [4, 4] and len(b) == 2 and str(b) == 'Box(4)'",
+        "b = Box(1)\nb.v = 9\nfill(b)\nassert b.v == 7",
         "b = make(1)\nassert b is b and b in [b] and len({b: 1, make(2): 2}) == 2",  # the judge's identity
+        "assert len(make(4)) == 2 and str(make(4)) == 'Box(4)'",  # asks nothing of the test's: allowed
         "assert sum(3, 4) == 12",
         "assert math.isclose(sum(0.5, 0.5), 0.25)",  # math: the judge's own module
     ]
-    r = run_tests(program, tests, remote=("gen", "counts", "big", "make", "fill", "sum"))
+    r = run_tests(program, tests, remote=("gen", "counts", "big", "make", "fill", "sum", "Box"), classes=("Box",))
     assert r.tests == ("pass",) * len(tests), r.detail
     # A value that stays in the program cannot be compared: such a test fails, whatever its ==.
     compared = ["assert make(1) == make(1)", "assert make(1) != make(2)", "assert make(1) != 1"]
@@ -157,7 +168,7 @@ def test_setup_runs_in_the_judge_on_the_programs_classes():
               "def depth(n):\n    return 0 if n is None else 1 + depth(n.left)\n"
     setup = "root = Node(1)\nroot.left = Node(2)\nroot.left.left = Node(3)\n"
     r = run_tests(program, ["assert depth(root) == 3", "assert helper(2) == 4"], setup=setup,
-                  prelude="def helper(x):\n    return x * 2\n", remote=("Node", "depth"))
+                  prelude="def helper(x):\n    return x * 2\n", remote=("Node", "depth"), classes=("Node",))
     assert r.tests == ("pass", "pass"), r.detail
 
 

@@ -14,18 +14,38 @@ What is covered:
   (`ProgramGone`); a reply of the wrong type for ``len``/``str``/``bool``/``in``/iteration is a
   `BadReply`; a reply too big for the judge's memory is the program's MemoryError.
 - `Remote`: a handle to a value that stays in the program; calls, attributes, items, ``len``,
-  ``str``, ``bool``, ``in`` and iteration are requests. Comparing one fails the test.
+  ``str``, ``bool``, ``in`` and iteration are requests. Comparing one fails the test. What a
+  test may ask a handle depends on where the judge got it, never on what the program says it is
+  (`Remote`'s rights): an entry point, an instance of an entry point the task declares a class,
+  and their attributes answer everything; a value returned by any other call answers only
+  requests that send nothing of the test's (call, iterate, ``len``, ``bool``, ``str``): asking
+  it ``y in v``, ``v.startswith(y)`` or ``v[k]`` would hand ``y`` to the program and believe its
+  bool (`HandleQuestioned`, a failed test).
+- A seccomp filter (`seccomp_filter`, loaded by bwrap just before the program's interpreter
+  starts): the system calls through which a program could reach kernel state shared with other
+  runs or the host, or outlive the trainer, fail with EPERM: the keyrings (``keyctl``,
+  ``add_key``, ``request_key``: a session keyring the trainer has, as under Docker or systemd,
+  is shared), inotify and fanotify (watching host inodes bound into every sandbox), ``flock``
+  and ``fcntl``'s locks, leases, notifications and signal owners (a channel between concurrent
+  sandboxes on shared inodes), ``ptrace`` and ``process_vm_*`` (tracing the sandbox's init to
+  remove its death signal), ``fallocate`` (disk not bounded by the file-size limit),
+  ``perf_event_open``, ``bpf``, ``userfaultfd``, ``kcmp`` and the file-handle calls; every
+  other ABI (i386 and x32 on x86_64) fails whole. x86_64 and aarch64 (elsewhere: no filter,
+  and `Isolation` reports it).
 - `Sandbox.close`: SIGKILL bwrap's process group (its init is the PID namespace's pid 1, whose
   death kills every process of the program), then empty the run's cgroups.
 """
 import builtins
 import ctypes
+import errno
 import json
 import os
+import platform
 import resource
 import select
 import shutil
 import signal
+import struct
 import subprocess
 import tempfile
 
@@ -94,20 +114,28 @@ class Sandbox:
         self.r, c_w = os.pipe()
         plan = {"mode": self.mode, "fds": [c_r, c_w], "max_frame": self.max_frame,
                 "workdir": None if spec["isolation"]["bwrap"] else self._workdir()}
-        argv = [*spec["isolation"]["launcher"], *bwrap_argv(spec),
+        rules = seccomp_filter() if spec["isolation"]["bwrap"] else None
+        seccomp_fd = None
+        if rules is not None:  # a pipe holds the few hundred bytes: bwrap reads them at start
+            seccomp_fd, w = os.pipe()
+            os.write(w, rules)
+            os.close(w)
+        argv = [*spec["isolation"]["launcher"], *bwrap_argv(spec, seccomp_fd),
                 spec["python"], "-I", "-S", "-c", spec["child_src"], json.dumps(plan)]
         piped = subprocess.PIPE if self.mode == "stdin" else subprocess.DEVNULL
         limits, procs = self.run.limits, self.run.cgroup_procs
         old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])  # no Deadline mid-spawn
         try:
             self.proc = subprocess.Popen(
-                argv, pass_fds=(c_r, c_w), stdin=self.stdin if self.stdin is not None else subprocess.DEVNULL,
+                argv, pass_fds=(c_r, c_w) if seccomp_fd is None else (c_r, c_w, seccomp_fd), stdin=self.stdin if self.stdin is not None else subprocess.DEVNULL,
                 stdout=piped, stderr=piped, env=dict(_ENV), cwd="/", start_new_session=True,
                 preexec_fn=lambda: _prepare_child(limits, procs),
             )
         finally:
             os.close(c_r)
             os.close(c_w)
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
             signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a pending Deadline fires now; close() can kill
         try:
             msg = read_frame(self.r, self.max_frame)
@@ -121,8 +149,9 @@ class Sandbox:
         self.workdir = tempfile.mkdtemp(prefix="ibpo-sandbox-")
         return self.workdir
 
-    def op(self, name, target=None, args=(), kwargs=None):
-        """One request; the decoded reply, or the program's exception raised here."""
+    def op(self, name, target=None, args=(), kwargs=None, rights=None):
+        """One request; the decoded reply (handles in it get ``rights``: `RESULT` unless said),
+        or the program's exception raised here."""
         self.seq += 1
         try:
             write_frame(self.w, [self.seq, name, target, encode(list(args), _send), encode(kwargs or {}, _send)])
@@ -134,23 +163,24 @@ class Sandbox:
         if not (isinstance(reply, list) and len(reply) >= 3 and reply[0] == self.seq):
             raise ProgramGone("reply out of protocol")
         if reply[1] == "ok":
+            ref = lambda tag, value, data: self._ref(tag, value, data, rights or RESULT)  # noqa: E731
             try:
-                return decode(reply[2], self._ref, self.run.spec["max_items"])
+                return decode(reply[2], ref, self.run.spec["max_items"])
             except (WireError, RecursionError, TypeError) as e:
-                raise ProgramGone(f"undecodable reply: {e}") from None
+                raise ProgramGone(f"undecodable reply: {str(e)[:200]}") from None
         if reply[1] == "raise" and len(reply) == 4 and all(isinstance(x, str) for x in reply[2:]):
-            raise _remote_exception(reply[2], reply[3][:300])
+            raise _remote_exception(reply[2][:80], reply[3][:300])
         raise ProgramGone("reply out of protocol")
 
-    def _ref(self, tag, value, data):
+    def _ref(self, tag, value, data, rights):
         if tag != "h" or not isinstance(value, int) or isinstance(value, bool):
-            raise WireError(f"unexpected {tag!r} reference from the program")
-        return Remote(self, {"h": value}, str(data.get("t", "object"))[:80])
+            raise WireError(f"unexpected {tag[:20]!r} reference from the program")
+        return Remote(self, {"h": value}, str(data.get("t", "object"))[:80], rights)
 
-    def typed(self, want, name, target, *args):
+    def typed(self, want, name, target, *args, rights=None):
         """`op` whose reply must be of type ``want`` (``len`` an int, ``str`` a str, ...): a
         program that answers otherwise broke the protocol."""
-        value = self.op(name, target, args)
+        value = self.op(name, target, args, None, rights)
         if type(value) is not want or (want is int and value < 0):
             raise BadReply(f"{name} answered a {type(value).__name__}, not a {want.__name__}")
         return value
@@ -208,11 +238,11 @@ class Sandbox:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def bwrap_argv(spec):
+def bwrap_argv(spec, seccomp_fd=None):
     """``bwrap ... --`` for one sandbox: every namespace new, nothing of the host writable, and of
     the host's files only what the interpreter needs (its prefix, /usr and the libraries' links);
-    the prefix's site-packages hidden (the trainer's dependencies are not the program's). Empty
-    without bwrap (`Isolation.none`)."""
+    the prefix's site-packages hidden (the trainer's dependencies are not the program's); the
+    seccomp filter read from ``seccomp_fd``. Empty without bwrap (`Isolation.none`)."""
     iso = spec["isolation"]
     if not iso["bwrap"]:
         return []
@@ -238,7 +268,64 @@ def bwrap_argv(spec):
              "--size", tmpfs, "--tmpfs", "/dev/shm", "--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
     for key, value in _ENV.items():
         argv += ["--setenv", key, value]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     return [*argv, "--"]
+
+
+# ------------------------------------------------------------------ the seccomp filter
+# System calls refused with EPERM (see the module docstring): name -> (x86_64, aarch64) number.
+DENIED_SYSCALLS = {
+    "ptrace": (101, 117), "process_vm_readv": (310, 270), "process_vm_writev": (311, 271),
+    "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),
+    "inotify_init": (253, None), "inotify_init1": (294, 26), "inotify_add_watch": (254, 27),
+    "fanotify_init": (300, 262), "fanotify_mark": (301, 263), "flock": (73, 32), "fallocate": (285, 47),
+    "perf_event_open": (298, 241), "bpf": (321, 280), "userfaultfd": (323, 282), "kcmp": (312, 272),
+    "name_to_handle_at": (303, 264), "open_by_handle_at": (304, 265),
+}
+_FCNTL_NR = (72, 25)
+# fcntl commands refused: locks, leases, directory notifications, signal-driven I/O's owner
+DENIED_FCNTL = {"F_SETLK": 6, "F_SETLKW": 7, "F_SETOWN": 8, "F_SETSIG": 10, "F_SETOWN_EX": 15,
+                "F_OFD_SETLK": 37, "F_OFD_SETLKW": 38, "F_SETLEASE": 1024, "F_NOTIFY": 1026}
+_ARCHES = {"x86_64": (0, 0xC000003E), "aarch64": (1, 0xC00000B7)}  # column, AUDIT_ARCH_*
+_LD_ABS, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+_ALLOW, _EPERM = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+_X32_BIT = 0x40000000
+
+
+def seccomp_filter(machine=None):
+    """The classic BPF program (``struct sock_filter`` array) bwrap loads with ``--seccomp``; None
+    on a machine it has no syscall numbers for. Written out here, not with libseccomp: the judge
+    runs with the standard library only, and the program is a few dozen instructions."""
+    column, arch = _ARCHES.get(machine or platform.machine(), (None, None))
+    if column is None:
+        return None
+    prog, to_deny = [], []
+
+    def add(code, k, deny=False, jt=0, jf=0):
+        if deny:
+            to_deny.append(len(prog))
+        prog.append([code, jt, jf, k])
+
+    add(_LD_ABS, 4)  # seccomp_data.arch
+    add(_JEQ, arch, jt=1)
+    add(_RET, _EPERM)  # another ABI (i386, or anything not this machine's): every call refused
+    add(_LD_ABS, 0)  # seccomp_data.nr
+    if column == 0:
+        add(_JGE, _X32_BIT, deny=True)  # the x32 ABI's numbers
+    for nr in sorted(n[column] for n in DENIED_SYSCALLS.values() if n[column] is not None):
+        add(_JEQ, nr, deny=True)
+    add(_JEQ, _FCNTL_NR[column], jt=1)
+    add(_RET, _ALLOW)
+    add(_LD_ABS, 24)  # seccomp_data.args[1], its low 32 bits: fcntl's command
+    for cmd in sorted(DENIED_FCNTL.values()):
+        add(_JEQ, cmd, deny=True)
+    add(_RET, _ALLOW)
+    deny = len(prog)
+    add(_RET, _EPERM)
+    for i in to_deny:
+        prog[i][1] = deny - i - 1
+    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
 
 
 def _under(path, root):
@@ -290,36 +377,69 @@ class HandleCompared(AssertionError):
     fails (an object of the program's may define ``==`` as it likes; only plain data is compared)."""
 
 
+class HandleQuestioned(AssertionError):
+    """A test asked a value the program returned (not plain data, not its declared class's) a
+    question that hands the program the test's values: ``y in v``, ``v.startswith(y)``,
+    ``v[k]``. The program would answer for itself, so the test fails."""
+
+
+# A handle's rights: what the judge knows of where it came from (the program's word never counts).
+ENTRY, CLASS, OBJECT, RESULT = "entry", "class", "object", "result"
+
+
 class Remote:
     """A value that stays in the program: every use is a request to the sandbox.
 
     Its identity is the judge's own: it is hashable by ``id``, and comparing it with anything
     (``==``, ``!=``) fails the test (`HandleCompared`), never passes it.
+
+    Its rights (`ENTRY`: an entry point; `CLASS`: one the task declares a class; `OBJECT`: an
+    instance of such a class, or an attribute of an entry point or object; `RESULT`: anything a
+    call returned otherwise) decide which requests a test may make. A `RESULT` is what a test
+    expected as a value: it may be called, iterated, or asked its ``len``, truth or text (requests
+    that send nothing of the test's), and nothing else (`HandleQuestioned`).
     """
 
-    __slots__ = ("_box", "_ref", "_type")
+    __slots__ = ("_box", "_ref", "_type", "_rights")
 
-    def __init__(self, box, ref, type_name):
+    def __init__(self, box, ref, type_name, rights=RESULT):
         object.__setattr__(self, "_box", box)
         object.__setattr__(self, "_ref", ref)
         object.__setattr__(self, "_type", type_name)
+        object.__setattr__(self, "_rights", rights)
 
-    def _op(self, name, *args, **kwargs):
-        return object.__getattribute__(self, "_box").op(name, self._ref, args, kwargs)
+    def _grant(self, rights):
+        object.__setattr__(self, "_rights", rights)
+
+    def _op(self, name, rights, *args, **kwargs):
+        box = object.__getattribute__(self, "_box")
+        return box.op(name, object.__getattribute__(self, "_ref"), args, kwargs, rights)
 
     def _typed(self, want, name, *args):
-        return object.__getattribute__(self, "_box").typed(want, name, self._ref, *args)
+        box = object.__getattribute__(self, "_box")
+        return box.typed(want, name, self._ref, *args, rights=self._inherited())
+
+    def _inherited(self):
+        """The rights of what this handle holds (an object's items are objects; a result's, results)."""
+        return RESULT if object.__getattribute__(self, "_rights") == RESULT else OBJECT
+
+    def _asks(self, what):
+        if object.__getattribute__(self, "_rights") == RESULT:
+            raise HandleQuestioned(f"{what} of {self!r}, a value the program returned: the judge decides only on "
+                                   "plain data (return a list, str, dict, ...)")
 
     def __call__(self, *args, **kwargs):
-        return self._op("call", *args, **kwargs)
+        return self._op("call", OBJECT if self._rights == CLASS else RESULT, *args, **kwargs)
 
     def __getattr__(self, name):
         if name.startswith("__") and name.endswith("__"):  # protocol probes (copy, pickle, ...)
             raise AttributeError(name)
-        return self._op("getattr", name)
+        self._asks(f"the attribute {name[:40]!r}")
+        return self._op("getattr", OBJECT, name)
 
     def __setattr__(self, name, value):
-        self._op("setattr", name, value)
+        self._asks("setting an attribute")
+        self._op("setattr", OBJECT, name, value)
 
     def __iter__(self):
         return iter(self._typed(list, "iter"))
@@ -334,13 +454,16 @@ class Remote:
         return self._typed(str, "str")
 
     def __contains__(self, item):
+        self._asks("membership")
         return self._typed(bool, "contains", item)
 
     def __getitem__(self, key):
-        return self._op("getitem", key)
+        self._asks("an item")
+        return self._op("getitem", self._inherited(), key)
 
     def __setitem__(self, key, value):
-        self._op("setitem", key, value)
+        self._asks("setting an item")
+        self._op("setitem", OBJECT, key, value)
 
     def __eq__(self, other):
         raise HandleCompared(f"compared {self!r}, which stays in the program, with a value")

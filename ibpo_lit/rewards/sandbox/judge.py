@@ -46,12 +46,11 @@ import os
 import resource
 import signal
 import sys
-import tempfile
 import time
 from decimal import Decimal, InvalidOperation
 
 if __name__ != "__main__":  # imported (tests); at launch wire.py and box.py are prepended
-    from ibpo_lit.rewards.sandbox.box import _LIBC, _PR_SET_PDEATHSIG, Deadline, InfraError, ProgramGone, \
+    from ibpo_lit.rewards.sandbox.box import _LIBC, _PR_SET_PDEATHSIG, CLASS, ENTRY, Deadline, InfraError, ProgramGone, \
         Sandbox, _kill
 
 PASS, FAIL, ERROR, TIMEOUT, MEMORY, NOT_RUN = "pass", "fail", "error", "timeout", "memory", "not_run"
@@ -311,11 +310,17 @@ def run_assert(run):
         oom_before = run.oom_kills()
         try:
             box.op("load", spec["program"])
-            found = box.op("resolve", wanted)
+            found = box.op("resolve", wanted, rights=ENTRY)
             if not isinstance(found, dict):
                 raise ProgramGone("resolve reply out of protocol")
+            missing = [name for name in wanted if name not in found]
+            if missing:  # the prelude's stub (HumanEval's) must not stand in for the program's
+                return _result(outcomes, ERROR, f"load: the program does not define {', '.join(missing)}")
             # Only the entry points: a tampered reply must not replace any other name.
             g.update({name: value for name, value in found.items() if name in wanted})
+            for name in spec.get("classes", ()):
+                if isinstance(g[name], Remote):
+                    g[name]._grant(CLASS)  # its instances may be asked (the task says it is a class)
             exec(setup, g)
         except ProgramGone:
             return _result(outcomes, run.death_cause(box, oom_before), "the program exited while loading")
@@ -351,21 +356,22 @@ START_LIMIT_S = 5.0  # the first sandbox's start-up: the judge's time, not the p
 
 
 def _start(box, first):
-    """Start ``box``. The first sandbox starts on its own clock, ``START_LIMIT_S``, and the
-    program's ``timeout_s`` begins once it is ready: on a loaded machine an interpreter's
-    start-up alone took more than a 1.5 s limit, which made a good program unscorable. Past
-    ``START_LIMIT_S`` it is the judge's failure (InfraError). Later sandboxes (one per stdin
-    test) start on the program's clock, as the tests before them ran."""
-    if not first:
-        box.start()  # a Deadline here is the program's timeout
-        return
+    """Start ``box`` on a clock of its own, ``START_LIMIT_S``: set-up is never the program's time
+    (on a loaded machine an interpreter's start-up alone took more than a 1.5 s limit, which made
+    a good program fail or go unscorable). The program's ``timeout_s`` begins when the first
+    sandbox is ready and pauses while each later one (one per stdin test) starts. Past
+    ``START_LIMIT_S`` it is the judge's failure (InfraError)."""
+    left = box.run.spec["timeout_s"] if first else signal.getitimer(signal.ITIMER_REAL)[0]
     signal.setitimer(signal.ITIMER_REAL, START_LIMIT_S)
     try:
         box.start()
     except Deadline:
         raise InfraError(f"the sandbox did not start within {START_LIMIT_S:.0f} s") from None
-    signal.setitimer(signal.ITIMER_REAL, box.run.spec["timeout_s"])
-    box.run.announce_running()
+    if not first and left <= 0:  # (the program's time ran out exactly between two tests)
+        raise Deadline()
+    signal.setitimer(signal.ITIMER_REAL, left)
+    if first:
+        box.run.announce_running()
 
 
 # ------------------------------------------------------------------ stdin tests
@@ -410,9 +416,8 @@ def run_stdin(run):
     outcomes, detail = [NOT_RUN] * len(spec["tests"]), ""
     try:
         for i, case in enumerate(spec["tests"]):
-            with tempfile.TemporaryFile() as stdin:
-                stdin.write(case["input"].encode("utf-8", "surrogatepass"))
-                stdin.seek(0)
+            stdin = _sealed_input(case["input"].encode("utf-8", "surrogatepass"))
+            try:
                 box = Sandbox(run, "stdin", stdin=stdin)
                 try:
                     outcomes[i] = TIMEOUT  # until decided otherwise
@@ -424,6 +429,8 @@ def run_stdin(run):
                     outcomes[i], why = _stdin_outcome(run, oom_before, out, err, overflow, code, case["output"])
                 finally:
                     box.close()
+            finally:
+                os.close(stdin)
             if outcomes[i] != PASS:
                 detail = detail or f"test {i}: {why}"
                 if spec["stop_at_first_failure"]:
@@ -433,6 +440,24 @@ def run_stdin(run):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
     return _result(outcomes, None, detail)
+
+
+def _sealed_input(data):
+    """A read-only descriptor of ``data`` in a sealed memory file: the program's fd 0 is no file of
+    the host's (a host temporary file was writable and took ``fallocate`` up to the free space),
+    and nothing can write, grow or shrink it."""
+    import fcntl
+
+    fd = os.memfd_create("stdin", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                    fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(fd)
 
 
 def _stdin_outcome(run, oom_before, out, err, overflow, code, expected):
@@ -451,8 +476,12 @@ def _stdin_outcome(run, oom_before, out, err, overflow, code, expected):
 
 
 # ------------------------------------------------------------------ entry point
+MAX_DETAIL = 500  # characters of the verdict's detail: it may quote the program's text
+
+
 def _result(outcomes, status, detail):
     passed = outcomes.count(PASS)
+    detail = detail if len(detail) <= MAX_DETAIL else detail[:MAX_DETAIL - 3] + "..."
     if status is None:
         status = PASS if passed == len(outcomes) else next(o for o in outcomes if o != PASS)
         status = FAIL if status == NOT_RUN else status
@@ -481,8 +510,14 @@ def main(argv):
         signal.signal(signal.SIGALRM, _on_alarm)
         signal.setitimer(signal.ITIMER_REAL, spec["timeout_s"])
         result = (run_stdin if spec["kind"] == "stdin" else run_assert)(run)
-    except (InfraError, OSError) as e:
-        result = {"infra_error": f"{type(e).__name__}: {e}"}
+    except OSError as e:
+        if run.running:  # the program's data flows: a judge that breaks now breaks on the program's doing
+            tests = [ERROR] + [NOT_RUN] * (len(spec["tests"]) - 1)
+            result = _result(tests, ERROR, f"the judge failed on the program's data: {type(e).__name__}: {e}")
+        else:
+            result = {"infra_error": f"{type(e).__name__}: {str(e)[:MAX_DETAIL]}"}
+    except InfraError as e:
+        result = {"infra_error": f"{type(e).__name__}: {str(e)[:MAX_DETAIL]}"}
     except Deadline:
         result = {"infra_error": "the time limit was reached before the program could run"}
     finally:

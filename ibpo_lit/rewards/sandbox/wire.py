@@ -132,10 +132,10 @@ def _decode(data, ref, budget, depth):
         if tag == "c":
             return complex(float(value[0]), float(value[1]))
     except (TypeError, ValueError) as e:  # unhashable key, bad hex, bad pair
-        raise WireError(f"bad {tag!r} value: {e}") from None
+        raise WireError(f"bad {tag!r} value: {str(e)[:200]}") from None
     if tag in ("h", "n", "bi"):
         return ref(tag, value, data)
-    raise WireError(f"unknown tag {tag!r}")
+    raise WireError(f"unknown tag {tag[:20]!r}")  # (the sender's text: bounded)
 
 
 def _as_list(value):
