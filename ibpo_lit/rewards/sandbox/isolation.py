@@ -14,7 +14,8 @@ What is covered:
   ``cpu``: every run's group and its judge's get the same weight, so 60 busy processes of one
   program share one run's CPU time, not 60 of the machine's, beside a neighbour). A parent
   ``ibpo_sandbox`` holds per-run groups named ``<caller pid>-<n>-<random>`` (and ``...-judge``);
-  groups left by dead callers are emptied and removed when detection runs. The result is checked
+  groups left by dead callers are emptied and removed when detection runs, and a reaper process
+  (`start_reaper`) removes a caller's groups as soon as it ends, SIGKILL included. The result is checked
   end to end by scoring one trivial program (`probe` in `ibpo_lit.rewards.code`).
 - `SandboxUnavailable`: raised by `detect_isolation` with what failed and what to do.
 - `Isolation.none()`: no namespaces at all, only rlimits and a session: for tests of the judge
@@ -101,6 +102,8 @@ def detect_isolation() -> Isolation:
             from ibpo_lit.rewards.code import probe  # the end-to-end check needs the runner
 
             found = _detect()
+            if found.cgroups:
+                start_reaper(list(found.cgroups.values()))
             probe(found)  # raises SandboxUnavailable with the judge's own words
             for gap in found.gaps:
                 logger.warning("code sandbox: %s", gap)
@@ -148,6 +151,57 @@ def _cgroup_parents() -> dict[str, str]:
         _remove_stale(parent)
         parents[ctrl] = parent
     return parents
+
+
+# The reaper: a process of its own session (no killpg of the trainer's group reaches it, and it
+# has no parent-death signal) that waits for this process to end, however it ends (SIGKILL
+# included), then empties and removes every cgroup this process made, and exits. The judge and
+# the sandbox die with their parents (death signals, the PID namespace's init), but the cgroups
+# were the trainer's to remove: without the reaper, a killed trainer left them until the next
+# trainer's detection (`_remove_stale`). Standard library only, run as ``python -I -S -c``.
+_REAPER = r'''
+import os, select, signal, sys, time
+pid, parents = int(sys.argv[1]), sys.argv[2:]
+try:
+    fd = os.pidfd_open(pid)
+except ProcessLookupError:
+    fd = None
+if fd is not None:
+    select.select([fd], [], [])
+deadline = time.monotonic() + 10
+for parent in parents:
+    for name in os.listdir(parent):
+        path = os.path.join(parent, name)
+        if not name.startswith(f"{pid}-") or not os.path.isdir(path):
+            continue
+        while time.monotonic() < deadline:
+            try:
+                with open(os.path.join(path, "cgroup.procs")) as f:
+                    pids = [int(p) for p in f.read().split()]
+                for p in pids:
+                    try:
+                        os.kill(p, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                if not pids:
+                    os.rmdir(path)
+                    break
+            except FileNotFoundError:
+                break
+            except OSError:
+                pass
+            time.sleep(0.01)
+'''
+
+
+def start_reaper(parents: list[str]) -> None:
+    """Start the reaper of this process's cgroups under ``parents`` (see `_REAPER`)."""
+    import subprocess
+    import sys
+
+    subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER, str(os.getpid()), *parents],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True)
 
 
 def _remove_stale(parent: str) -> None:
