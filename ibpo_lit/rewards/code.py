@@ -38,9 +38,13 @@ How the sandbox is contained (`detect_isolation`; `SandboxUnavailable` where it 
 - Limits: RLIMIT_AS and a ``memory`` cgroup (``memory_mb``), a ``pids`` cgroup and RLIMIT_NPROC
   (``max_processes``), RLIMIT_CPU and the wall-clock deadline, RLIMIT_FSIZE, 256 open files, no
   core dumps. The judge has its own ``memory``/``pids`` cgroup (`judge_memory_mb`), and a reply
-  frame is at most `frame_limit` (``memory_mb`` / 32).
-- An empty environment (PATH, LANG, HOME); stdin closed (``assert``) or the test input
-  (``stdin``); the program's output discarded (``assert``) or capped (``stdin``).
+  frame is at most `frame_limit` (``memory_mb`` / 32). Each run and its judge have a ``cpu``
+  cgroup of equal weight. Verdicts are bounded (detail 1000 characters, the judge's stdout 64 KiB).
+- A seccomp filter (`ibpo_lit.rewards.sandbox.box.seccomp_filter`): keyrings, inotify/fanotify,
+  locks, ptrace, fallocate and a few more fail with EPERM (docs/sandbox.md).
+- An empty environment (PATH, LANG, HOME); stdin closed (``assert``) or the test input as a
+  sealed read-only memory file (``stdin``); the program's output discarded (``assert``) or
+  capped (``stdin``).
 
 Status of a run: "pass" (all tests passed), "fail", "timeout", "memory", "error" (could not be
 loaded, crashed, or a test raised); see `CodeResult`. A failure of the harness itself (the judge
@@ -48,23 +52,24 @@ could not set up, the sandbox could not start, the tests do not compile or name 
 defines) raises `SandboxError`, and `code_score` / `code_reward` return None: unscorable, never a
 silent 0 (`SandboxPool.stats` counts them).
 
-The gold string of ``REWARDS["code"]`` is `CodeTests.to_gold()`: JSON with ``"v": 2``, ``kind``,
-``tests``, ``setup``, ``prefix``, ``suffix``, ``prelude``, ``remote``, ``timeout_s``,
+The gold string of ``REWARDS["code"]`` is `CodeTests.to_gold()`: JSON with ``"v": 3``, ``kind``,
+``tests``, ``setup``, ``prefix``, ``suffix``, ``prelude``, ``remote``, ``classes``, ``timeout_s``,
 ``memory_mb``, ``stop_at_first_failure`` and ``reward`` ("all": 1.0 only when every test passes,
 the binary reward of METHOD.md section 1; "fraction": the fraction passed).
 
 What is not covered:
 - Values the judge cannot see inside: a result that is not plain data (an instance of the
-  program's class, a generator) is a handle, which cannot be compared; `list(...)`, ``len``,
-  ``str``, attributes and items of it are fetched. Arguments are copied, so a test that checks
+  program's class, a generator) is a handle, which cannot be compared; ``list(...)``, ``len``,
+  ``str`` and ``bool`` of it are fetched; its attributes, members and items only when it is an
+  instance of a class the task declares (``classes``). Arguments are copied, so a test that checks
   that the program mutated its argument in place fails. The entry points are looked up once,
   after loading. Judge-side callables (lambdas) cannot be passed to the program.
 - A program that knows the expected values (MBPP prompts show three of the asserts) can return
   them: that is memorising the tests, which no sandbox prevents.
 - Only the standard library is importable in the sandbox (``-S``, and site-packages hidden).
 - Weak tests: ``assert f(x)`` (truthiness) passes for any truthy value, as it would anywhere.
-- Kernel exploits, side channels, and CPU shares (cgroup ``cpu`` is not used; a program may use
-  up to ``max_processes`` CPUs until its deadline). No seccomp filter.
+- Kernel exploits and side channels (the seccomp filter is a deny list, x86_64 and aarch64 only);
+  CPU shares without the cgroup v1 ``cpu`` controller.
 - Speed: two interpreter starts per run (judge and sandbox), about 0.1 s, and one sandbox per
   test case for ``stdin`` tests.
 - Windows and macOS.
@@ -107,7 +112,7 @@ CLEANUP_GRACE_S = 5.0
 # characters: more is a judge broken on the program's data, stopped there (not read into memory).
 MAX_VERDICT_BYTES = 64 << 10
 _LIMITS = {"tmpfs_mb": 64, "file_size_mb": 16, "max_processes": 64, "max_output_bytes": 8 << 20}
-GOLD_VERSION = 2
+GOLD_VERSION = 3  # 3: `classes` (format 2 golds would refuse a class entry point's instances)
 _SANDBOX_DIR = Path(__file__).with_name("sandbox")
 _run_counter = itertools.count()
 
@@ -206,6 +211,9 @@ class CodeTests:
         if isinstance(obj, dict) and obj.get("v") == 1:
             raise ValueError("code gold of format 1 (setup ran in the program, entry points were guessed): "
                              "rebuild it with the data loaders or CodeTests(...).to_gold()")
+        if isinstance(obj, dict) and obj.get("v") == 2:
+            raise ValueError("code gold of format 2 (it does not say which entry points are classes, whose instances "
+                             "the tests may question): rebuild it with the data loaders or CodeTests(...).to_gold()")
         if not isinstance(obj, dict) or obj.pop("v", None) != GOLD_VERSION:
             raise ValueError(f"code gold must be a JSON object with \"v\": {GOLD_VERSION} (see CodeTests.to_gold)")
         unknown = set(obj) - set(cls.__dataclass_fields__)

@@ -70,7 +70,7 @@ def test_humaneval_tasks():
     assert t.entry_point == "has_close_elements" and t.spec.remote == ("has_close_elements",)
     assert t.problem.startswith("Complete the following Python function:\n\n```python\nfrom typing import List")
     assert t.spec.prefix == t.spec.prelude and len(t.tests) == 1 and t.tests[0].endswith("check(has_close_elements)\n")
-    assert CodeTests.from_gold(t.gold) == t.spec and json.loads(t.gold)["v"] == 2
+    assert CodeTests.from_gold(t.gold) == t.spec and json.loads(t.gold)["v"] == 3
     assert t.to_record() == Record(problem=t.problem, gold=t.gold, uid="HumanEval/0")
 
 
@@ -111,7 +111,7 @@ def test_mbpp_full_tasks():
     # The expected side's sys.getsizeof is the judge's (the reference's import), not the program's.
     assert by_id["mbpp/596"].spec.prelude == "import sys\n" and by_id["mbpp/596"].spec.remote == ("tuple_size",)
     assert [t.uid for t in tasks if t.spec.prelude] == ["mbpp/596"] and not any(t.spec.suffix for t in tasks)
-    assert all(json.loads(t.gold)["v"] == 2 for t in tasks)
+    assert all(json.loads(t.gold)["v"] == 3 for t in tasks)
     one = load_mbpp(_data("mbpp_full.jsonl"), limit=1, shown_tests=1)[0]
     assert one.problem.count("assert ") == 1 and len(one.tests) == 3
 

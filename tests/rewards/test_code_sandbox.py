@@ -94,15 +94,18 @@ def test_gold_roundtrip_and_validation():
     spec = CodeTests(tests=ADD_TESTS, setup="x = 1", suffix="import math", prelude="import math", remote=("add",),
                      timeout_s=3.0)
     assert CodeTests.from_gold(spec.to_gold()) == spec
-    assert json.loads(spec.to_gold())["v"] == 2
-    old = json.loads(spec.to_gold()) | {"v": 1}
-    with pytest.raises(ValueError, match="format 1 .* rebuild it"):
-        CodeTests.from_gold(json.dumps(old))
+    assert json.loads(spec.to_gold())["v"] == 3
+    for version in (1, 2):
+        old = json.loads(spec.to_gold()) | {"v": version}
+        with pytest.raises(ValueError, match=f"format {version} .* rebuild it"):
+            CodeTests.from_gold(json.dumps(old))
+    with pytest.raises(ValueError, match="not entry points"):
+        CodeTests(tests=ADD_TESTS, remote=("add",), classes=("Solution",))
     with pytest.raises(ValueError, match="kind must be one of"):
         CodeTests(kind="java", tests=ADD_TESTS)
     with pytest.raises(ValueError, match="stdin tests must be"):
         CodeTests(kind="stdin", tests=["assert 1"])
-    for bad in ("not json", "[1]", '{"tests": ["assert 1"]}', '{"v": 2, "tests": ["assert 1"], "oops": 1}'):
+    for bad in ("not json", "[1]", '{"tests": ["assert 1"]}', '{"v": 3, "tests": ["assert 1"], "oops": 1}'):
         with pytest.raises(ValueError):
             CodeTests.from_gold(bad)
 
