@@ -370,8 +370,14 @@ def run_code_tests(completion: str, spec: CodeTests, *, extract: bool = True,
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}, cwd="/", start_new_session=True,
     )
+    # The program's clock pauses while each later stdin sandbox starts (the judge's START_LIMIT_S
+    # each): the watchdog allows for them, so it never stops a judge the program's limit has not.
+    from ibpo_lit.rewards.sandbox.judge import START_LIMIT_S
+
+    starts = START_LIMIT_S * (len(spec.tests) - 1) if spec.kind == "stdin" else 0.0
     try:
-        out, err, running, stuck = _watch(proc, json.dumps(payload).encode("utf-8", "surrogatepass"), timeout_s)
+        out, err, running, stuck = _watch(proc, json.dumps(payload).encode("utf-8", "surrogatepass"),
+                                          timeout_s + starts)
     finally:  # also on KeyboardInterrupt: leave nothing behind
         if proc.poll() is None:
             _kill_group(proc.pid)

@@ -122,12 +122,14 @@ EXPECTED = {"keyctl": 1, "add_key": 1, "inotify_init1": 1, "flock_host_inode": 1
             "ptrace_init": 1, "fallocate": 1, "fcntl_getfl": 0}
 
 
+_JOIN_SESSION = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+                 "assert libc.syscall(250, 1, b'ibpo-test-session') > 0\n")  # KEYCTL_JOIN_SESSION_KEYRING
+
+
 def _in_session_keyring(script: str, cwd: str) -> subprocess.CompletedProcess:
     """Run ``script`` in a process that joined a fresh session keyring, as a container's or a PAM
     login's trainer has, from ``cwd``."""
-    join = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
-            "assert libc.syscall(250, 1, b'ibpo-test-session') > 0\n")  # KEYCTL_JOIN_SESSION_KEYRING
-    return subprocess.run([sys.executable, "-c", join + script], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", _JOIN_SESSION + script], cwd=cwd, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
 
 
@@ -223,3 +225,46 @@ def test_a_busy_neighbour_cannot_decide_a_correct_programs_verdict(trainer_in_a_
         assert isinstance(r, SandboxError) or r.status == "timeout", r
     else:
         assert r.status == "pass", r
+
+
+# ------------------------------------------------------------------ the conditions of a container
+@pytest.mark.slow
+def test_the_attack_suites_hold_under_load_from_a_checkout_in_tmp_in_a_session_keyring(isolated, tmp_path):
+    """Both attack suites again, as a user's container would run them: the checkout under /tmp
+    (the program's /tmp is its own tmpfs, the host's is not in sight), both cores busy with
+    other work, and the trainer in a session keyring of its own."""
+    import shutil
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    copy = tmp_path / "checkout"
+    shutil.copytree(repo / "ibpo_lit", copy / "ibpo_lit", ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "tests" / "rewards").mkdir(parents=True)
+    for name in ("test_code_attacks.py", "test_code_attacks_round3.py"):
+        shutil.copy(repo / "tests" / "rewards" / name, copy / "tests" / "rewards" / name)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True:\n    pass"]) for _ in range(2)]
+    try:
+        script = ("import sys, pytest\n"
+                  "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'tests/rewards', "
+                  "'-k', 'not neighbour and not under_load']))\n")
+        done = subprocess.run([sys.executable, "-c", _JOIN_SESSION + script], cwd=copy, capture_output=True,
+                              text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(copy)})
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert str(copy).startswith(("/tmp", os.environ.get("TMPDIR", "/tmp"))) and " passed" in done.stdout
+
+
+def test_every_malformed_value_is_a_wire_error_not_a_stray_exception():
+    from ibpo_lit.rewards.sandbox.wire import WireError, decode
+
+    def ref(tag, value, data):
+        raise WireError("no references here")
+
+    for bad in ({"c": []}, {"c": {"x": 1}}, {"c": [10 ** 400, 0]}, {"c": "ab"}, {"i": 5}, {"b": "zz"},
+                {"d": [[{"l": []}, 1]]}, {"d": [[1]]}, {"l": 3}, {"?" * 10_000: 1}, [1]):
+        with pytest.raises(WireError) as caught:
+            decode(bad, ref)
+        assert len(str(caught.value)) < 300

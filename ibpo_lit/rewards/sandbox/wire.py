@@ -131,7 +131,7 @@ def _decode(data, ref, budget, depth):
             return bytearray.fromhex(value)
         if tag == "c":
             return complex(float(value[0]), float(value[1]))
-    except (TypeError, ValueError) as e:  # unhashable key, bad hex, bad pair
+    except (TypeError, ValueError, IndexError, KeyError, OverflowError) as e:  # unhashable key, bad hex or pair
         raise WireError(f"bad {tag!r} value: {str(e)[:200]}") from None
     if tag in ("h", "n", "bi"):
         return ref(tag, value, data)
