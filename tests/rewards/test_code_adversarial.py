@@ -36,14 +36,6 @@ def pool():
     assert p.stats["unscorable"] == 0
 
 
-@pytest.fixture(scope="module")
-def isolated():
-    iso = detect_isolation()
-    if not (iso.bwrap and iso.per_run_uid):
-        pytest.skip(f"needs bwrap and a per-run uid (root); missing: {iso.gaps}")
-    return iso
-
-
 def _gold(tests=TESTS, timeout_s=BAD_TIMEOUT_S, entries=ENTRY, memory_mb=None):
     return CodeTests(tests=tests, timeout_s=timeout_s, remote=entries, memory_mb=memory_mb).to_gold()
 

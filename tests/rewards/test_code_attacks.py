@@ -18,18 +18,10 @@ import pytest
 
 from ibpo_lit.rewards import CodeTests, SandboxPool, run_tests
 from ibpo_lit.rewards.code import frame_limit, judge_memory_mb
-from ibpo_lit.rewards.sandbox.isolation import Isolation, detect_isolation
+from ibpo_lit.rewards.sandbox.isolation import Isolation
 
 NONE = Isolation.none()
 CHECKOUT_FILE = Path(__file__).resolve()  # a file of the trainer's: out of the program's sight
-
-
-@pytest.fixture(scope="module")
-def isolated():
-    iso = detect_isolation()
-    if not (iso.bwrap and iso.per_run_uid):
-        pytest.skip(f"needs bwrap and a per-run uid (root); missing: {iso.gaps}")
-    return iso
 
 
 def _processes_naming(token: str) -> list[int]:

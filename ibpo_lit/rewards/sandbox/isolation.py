@@ -155,43 +155,26 @@ def _cgroup_parents() -> dict[str, str]:
 
 # The reaper: a process of its own session (no killpg of the trainer's group reaches it, and it
 # has no parent-death signal) that waits for this process to end, however it ends (SIGKILL
-# included), then empties and removes every cgroup this process made, and exits. The judge and
-# the sandbox die with their parents (death signals, the PID namespace's init), but the cgroups
-# were the trainer's to remove: without the reaper, a killed trainer left them until the next
-# trainer's detection (`_remove_stale`). Standard library only, run as ``python -I -S -c``.
-_REAPER = r'''
-import os, select, signal, sys, time
-pid, parents = int(sys.argv[1]), sys.argv[2:]
+# included), then empties and removes every cgroup this process made (`remove_cgroup`, this
+# file loaded on its own: no package import in a process that only waits), and exits. The judge
+# and the sandbox die with their parents (death signals, the PID namespace's init), but the
+# cgroups were the trainer's to remove: without the reaper, a killed trainer left them until the
+# next trainer's detection (`_remove_stale`).
+_REAPER = r"""
+import importlib.util, os, select, sys
+pid, here, parents = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
 try:
-    fd = os.pidfd_open(pid)
+    select.select([os.pidfd_open(pid)], [], [])
 except ProcessLookupError:
-    fd = None
-if fd is not None:
-    select.select([fd], [], [])
-deadline = time.monotonic() + 10
+    pass
+spec = importlib.util.spec_from_file_location("isolation", here)
+isolation = sys.modules["isolation"] = importlib.util.module_from_spec(spec)  # (dataclasses look it up)
+spec.loader.exec_module(isolation)
 for parent in parents:
     for name in os.listdir(parent):
-        path = os.path.join(parent, name)
-        if not name.startswith(f"{pid}-") or not os.path.isdir(path):
-            continue
-        while time.monotonic() < deadline:
-            try:
-                with open(os.path.join(path, "cgroup.procs")) as f:
-                    pids = [int(p) for p in f.read().split()]
-                for p in pids:
-                    try:
-                        os.kill(p, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                if not pids:
-                    os.rmdir(path)
-                    break
-            except FileNotFoundError:
-                break
-            except OSError:
-                pass
-            time.sleep(0.01)
-'''
+        if name.startswith(f"{pid}-"):
+            isolation.remove_cgroup(os.path.join(parent, name))
+"""
 
 
 def start_reaper(parents: list[str]) -> None:
@@ -199,7 +182,7 @@ def start_reaper(parents: list[str]) -> None:
     import subprocess
     import sys
 
-    subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER, str(os.getpid()), *parents],
+    subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER, str(os.getpid()), __file__, *parents],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True, close_fds=True)
 
