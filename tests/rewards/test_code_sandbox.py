@@ -327,6 +327,18 @@ def test_a_slow_start_is_not_the_programs_time():
     assert looping.status == "timeout"  # and the program's own limit still holds
 
 
+def test_every_stdin_sandboxs_start_is_not_the_programs_time():
+    # Four stdin tests, each in its own sandbox that takes 0.6 s to start, under a 1 s limit: the
+    # program's clock pauses while each starts (before, the later starts were charged to it).
+    program = "print(sum(map(int, open(0).read().split()[1:])))\n"
+    tests = [{"input": f"2\n{i} {i}\n", "output": f"{2 * i}\n"} for i in range(4)]
+    r = run_tests(program, tests, kind="stdin", isolation=_slow_start(0.6), timeout_s=1, extract=False)
+    assert r.status == "pass" and r.seconds >= 2.4, (r.status, r.detail, r.seconds)
+    looping = run_tests("while True:\n    pass\n", tests, kind="stdin", isolation=_slow_start(0.6), timeout_s=1,
+                        extract=False)
+    assert looping.status == "timeout"
+
+
 def test_a_sandbox_that_never_starts_is_the_judges_failure():
     from ibpo_lit.rewards.sandbox.judge import START_LIMIT_S
 
