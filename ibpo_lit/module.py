@@ -57,6 +57,7 @@ from ibpo_lit.training.assemble import assemble_update
 from ibpo_lit.training.ciw_scorer import CIWScorer
 from ibpo_lit.training.corrections import CorrectionContext
 from ibpo_lit.training.group_filter import InformativeGroups
+from ibpo_lit.training.metric_reductions import reduction_of
 from ibpo_lit.training.optimizer import build_optimizer
 from ibpo_lit.training.rng_state import capture_rng_state, restore_rng_state
 from ibpo_lit.training.seeding import BENCHMARK_VALIDATION, MAIN_ROLLOUTS, VALIDATION, rollout_seeds
@@ -64,11 +65,6 @@ from ibpo_lit.training.step_metrics import StepClock, step_metrics
 from ibpo_lit.training.step_types import ScoredRollouts
 from ibpo_lit.training.unscorable import UnscorableStreak
 from ibpo_lit.training.update import PolicyUpdate, UpdateRuntime
-
-# Metrics that count events on each rank: summed over ranks, not averaged.
-# (``train/loss``: each rank's micro-batch losses are its share of the global mini-batch loss.)
-SUMMED_METRICS = ("train/unscorable", "train/corrections", "train/tokens_per_s", "train/reward_timeouts",
-                  "train/reward_errors", "train/reward_none", "train/loss", "train/filtered_groups")
 
 
 class IBPOModule(L.LightningModule):
@@ -505,8 +501,9 @@ class IBPOModule(L.LightningModule):
         return out
 
     def _log_metrics(self, metrics: dict[str, float]) -> None:
-        """Log a step's metrics, averaged over ranks (counts summed; see ``SUMMED_METRICS``)."""
-        metrics = self.sync.mean_metrics(metrics, summed=SUMMED_METRICS)
+        """Log a step's metrics, each combined over ranks as `ibpo_lit.training.metric_reductions`
+        declares (counts summed, durations and extremes maximised, rates averaged)."""
+        metrics = self.sync.reduce_metrics(metrics, reduction_of)
         if self.group_filter is not None:
             # Several batches (generation rounds) make one update: TensorBoard's step is the
             # update's index, as without dynamic sampling (Lightning's own counts batches).

@@ -14,7 +14,7 @@ order, which the callers guarantee by calling them at fixed points of a step.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -70,10 +70,10 @@ class RankSync:
         torch.distributed.all_gather_object(out, obj)
         return out
 
-    def mean_metrics(self, metrics: dict[str, float], summed: Sequence[str] = ()) -> dict[str, float]:
-        """Each metric averaged over the ranks that report a finite value for it (NaN where
-        none does); the keys in ``summed`` (counts) are added up instead. One collective; the
-        keys may differ between ranks."""
+    def reduce_metrics(self, metrics: dict[str, float], reduction: Callable[[str], Optional[str]]) -> dict[str, float]:
+        """Each metric combined over the ranks that report a finite value for it (NaN where none
+        does) by ``reduction(key)``: ``sum``, ``max``, ``min`` or ``mean`` (also for None). One
+        collective; the keys may differ between ranks."""
         if not self.active:
             return dict(metrics)
         merged: dict[str, list[float]] = {}
@@ -83,10 +83,13 @@ class RankSync:
         out = {}
         for key, values in merged.items():
             finite = [v for v in values if math.isfinite(v)]
+            how = reduction(key)
             if not finite:
                 out[key] = math.nan
+            elif how in ("sum", "max", "min"):
+                out[key] = {"sum": sum, "max": max, "min": min}[how](finite)
             else:
-                out[key] = sum(finite) if key in summed else sum(finite) / len(finite)
+                out[key] = sum(finite) / len(finite)
         return out
 
 

@@ -30,12 +30,11 @@ import torch
 from torch import Tensor
 
 from ibpo_lit.rollout.batch import RolloutBatch
+from ibpo_lit.training.metric_reductions import SUM, reduction_of
 from ibpo_lit.training.step_types import Corrections, ScoredRollouts
 
 logger = logging.getLogger(__name__)
 
-# Per-round metrics that count events: summed over the rounds of an update, the others averaged.
-COUNTED = ("train/unscorable", "train/corrections", "train/corrections_skipped_long", "train/masked_truncated")
 
 
 def informative_groups(step: ScoredRollouts) -> Tensor:
@@ -201,7 +200,8 @@ class InformativeGroups:
         for key in {k for m in self.round_metrics for k in m}:
             values = [m[key] for m in self.round_metrics if key in m and not math.isnan(m[key])]
             if values:
-                out[key] = sum(values) if key in COUNTED else sum(values) / len(values)
+                # counts (declared `sum`) add up over the rounds; the rest is averaged
+                out[key] = sum(values) if reduction_of(key) == SUM else sum(values) / len(values)
         out.update({"train/filtered_groups": float(self.filtered), "train/generation_rounds": float(self.rounds),
                     "train/informative_groups": float(self.total), "train/trained_groups": float(self.used),
                     "train/missing_groups": float(max(self.target - self.used, 0))})

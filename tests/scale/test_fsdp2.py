@@ -118,7 +118,7 @@ def test_orphans_of_a_killed_save_are_removed_and_the_live_folder_kept(tmp_path)
 def test_a_single_process_agrees_with_itself():
     assert SINGLE_PROCESS.max(3) == 3 and SINGLE_PROCESS.sum([1.0, 2.0]) == [1.0, 2.0]
     assert SINGLE_PROCESS.any(False) is False and SINGLE_PROCESS.gather("x") == ["x"]
-    assert SINGLE_PROCESS.mean_metrics({"a": 1.0}) == {"a": 1.0}
+    assert SINGLE_PROCESS.reduce_metrics({"a": 1.0}, lambda key: "sum") == {"a": 1.0}
 
 
 def test_fsdp1_and_deepspeed_are_refused_with_the_replacement():
