@@ -4,7 +4,7 @@ The paper compares GSPO (G = 64) with IBPO+GSPO (G = 8) at matched training comp
 generation and correction included. After every training step this callback adds up:
 
 - **accelerator-seconds**: the measured wall time of ``IBPOModule.training_step``
-  (``step_stats["step_seconds"]``: generation, corrections, callbacks and updates) times the
+  (``step_stats.step_seconds``: generation, corrections, callbacks and updates) times the
   devices of the run (``trainer.num_devices * trainer.num_nodes``); CPU-seconds on the CPU;
 - **FLOPs**: ``diagnostics.estimate_flops`` on the step's token counts: rollout and correction
   prompts and generations (2N per token), trained tokens (6N), extra no-grad forwards (2N).
@@ -78,11 +78,11 @@ class ComputeBudgetStopper(Callback):
         self._check_budget(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int) -> None:
-        stats = getattr(pl_module, "step_stats", None) or {}
-        if "step_seconds" not in stats:
+        stats = getattr(pl_module, "step_stats", None)
+        if getattr(stats, "step_seconds", None) is None:
             if not self._warned_no_stats:
                 rank_zero_warn(
-                    "ComputeBudgetStopper: the module reports no step_stats['step_seconds']; compute is not counted."
+                    "ComputeBudgetStopper: the module reports no step_stats.step_seconds; compute is not counted."
                 )
                 self._warned_no_stats = True
             return
@@ -90,18 +90,18 @@ class ComputeBudgetStopper(Callback):
             self._n_params = active_parameters(pl_module.policy)  # a MoE's routed share, not all experts
         flops = estimate_flops(
             self._n_params,
-            prompt_tokens=int(stats.get("prompt_tokens", 0)) + int(stats.get("correction_prompt_tokens", 0)),
-            generated_tokens=int(stats.get("generated_tokens", 0)) + int(stats.get("correction_tokens", 0)),
-            trained_tokens=int(stats.get("trained_tokens", 0)),
-            no_grad_tokens=int(stats.get("no_grad_tokens", 0)),
+            prompt_tokens=stats.prompt_tokens + stats.correction_prompt_tokens,
+            generated_tokens=stats.generated_tokens + stats.correction_tokens,
+            trained_tokens=stats.trained_tokens,
+            no_grad_tokens=stats.no_grad_tokens,
         )["total"]
         # One collective per step: [flops, generated tokens, trained tokens, step seconds].
         local = torch.tensor(
             [
                 flops,
-                float(stats.get("generated_tokens", 0)) + float(stats.get("correction_tokens", 0)),
-                float(stats.get("trained_tokens", 0)),
-                float(stats["step_seconds"]),
+                float(stats.generated_tokens + stats.correction_tokens),
+                float(stats.trained_tokens),
+                float(stats.step_seconds),
             ],
             dtype=torch.float64,
         )

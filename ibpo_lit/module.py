@@ -62,7 +62,7 @@ from ibpo_lit.training.optimizer import build_optimizer
 from ibpo_lit.training.rng_state import capture_rng_state, restore_rng_state
 from ibpo_lit.training.seeding import BENCHMARK_VALIDATION, MAIN_ROLLOUTS, VALIDATION, rollout_seeds
 from ibpo_lit.training.step_metrics import StepClock, step_metrics
-from ibpo_lit.training.step_types import ScoredRollouts
+from ibpo_lit.training.step_types import ScoredRollouts, StepStats
 from ibpo_lit.training.unscorable import UnscorableStreak
 from ibpo_lit.training.update import PolicyUpdate, UpdateRuntime
 
@@ -186,7 +186,7 @@ class IBPOModule(L.LightningModule):
         self.group_filter = InformativeGroups(dynamic.max_rounds, pad_token_id=0) if dynamic.enabled else None  # pad: the tokenizer's, once loaded
         self._reward_counts = {"timeout": 0, "error": 0, "none": 0}  # unscorable, by cause, before a resume
         self._pending_rng_state: Optional[dict] = None  # restored before the first step after a resume
-        self.step_stats: dict[str, float] = {}  # token counts and seconds of the last step (compute accounting)
+        self.step_stats = StepStats()  # token counts and seconds of the last step (compute accounting)
         self.settings_checked = False  # `check_fit_settings` done (by the command line, or in `setup`)
 
     # ----------------------------------------------------------------- setup
@@ -305,7 +305,7 @@ class IBPOModule(L.LightningModule):
     def training_step(self, prompts: list[Prompt], batch_idx: int) -> None:
         self._restore_rng_once()
         clock = StepClock()
-        self.step_stats = {"trained_tokens": 0, "no_grad_tokens": 0}  # every forward of the step counts
+        self.step_stats = StepStats()  # every forward of the step counts
         self.updater.runtime = UpdateRuntime(self.sync, self.trainer.world_size, self.device, self.manual_backward,
                                              self.step_stats)
 
@@ -477,7 +477,7 @@ class IBPOModule(L.LightningModule):
             temperature=self.rollout_cfg.sampling.temperature, sync=self.sync if self.uniform_forwards else None,
         )
         update.token_weights = ciw.weights if update.token_weights is None else update.token_weights * ciw.weights
-        self.step_stats["no_grad_tokens"] += int(ciw.metrics.get("ciw/forward_tokens", 0))
+        self.step_stats.no_grad_tokens += int(ciw.metrics.get("ciw/forward_tokens", 0))
         return {**ciw.metrics, "train/zero_adv_frac": float((update.advantages == 0).float().mean())}
 
     # ----------------------------------------------------------- logging/ckpt

@@ -24,6 +24,7 @@ trainer's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -94,7 +95,7 @@ def run_shape(shape: str, args) -> dict:
             self.steps: list[dict] = []
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            stats = dict(pl_module.step_stats)
+            stats = dataclasses.asdict(pl_module.step_stats)
             stats["update_s"] = float(trainer.callback_metrics.get("timing/update_s", math.nan))
             self.steps.append(stats)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ibpo_lit.training.step_types import ScoredRollouts
+from ibpo_lit.training.step_types import ScoredRollouts, StepStats
 
 
 @dataclass
@@ -27,20 +27,18 @@ class StepClock:
         return out
 
 
-def step_metrics(step: ScoredRollouts, clock: StepClock, step_stats: dict) -> dict[str, float]:
+def step_metrics(step: ScoredRollouts, clock: StepClock, step_stats: StepStats) -> dict[str, float]:
     """Rollout shape, throughput and timing metrics; fills ``step_stats``'s token counts (what
     ``callbacks.ComputeBudgetStopper`` charges) with the step's prompts, generations, corrections."""
     rollouts, corrections = step.rollouts, step.corrections
     seconds = clock.seconds()
     correction_tokens = corrections.generated_tokens if corrections is not None else 0
     generated = int(rollouts.response_mask.sum())
-    step_stats.update({
-        "prompt_tokens": int(rollouts.prompt_mask.sum()),
-        "generated_tokens": generated,
-        "correction_tokens": correction_tokens,
-        "correction_prompt_tokens": corrections.prompt_tokens if corrections is not None else 0,
-        "step_seconds": seconds["step"],
-    })
+    step_stats.prompt_tokens = int(rollouts.prompt_mask.sum())
+    step_stats.generated_tokens = generated
+    step_stats.correction_tokens = correction_tokens
+    step_stats.correction_prompt_tokens = corrections.prompt_tokens if corrections is not None else 0
+    step_stats.step_seconds = seconds["step"]
     return {
         "train/response_len": rollouts.response_lengths.float().mean().item(),
         "train/truncated_frac": 1.0 - rollouts.finished.float().mean().item(),

@@ -10,11 +10,30 @@ responses, ``Lr`` padded response length, ``C`` correction samples.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from torch import Tensor
 
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.rollout.batch import RolloutBatch
+
+
+@dataclass
+class StepStats:
+    """One step's compute: the tokens each kind of pass processed, and the step's seconds.
+
+    Written by the step's parts (`ibpo_lit.training.step_metrics.step_metrics`: rollouts and
+    corrections; `PolicyUpdate`: the trainer's forwards with and without gradient; the module:
+    CIW's masked forwards), read by ``callbacks.ComputeBudgetStopper`` and the benchmarks.
+    """
+
+    prompt_tokens: int = 0  # the rollouts' prompts (prefilled by the engine)
+    generated_tokens: int = 0  # the rollouts' responses
+    correction_prompt_tokens: int = 0
+    correction_tokens: int = 0  # generated corrections
+    trained_tokens: int = 0  # prompt + response tokens of every forward with gradient
+    no_grad_tokens: int = 0  # ... and without (pi_old, the mismatch probe, CIW)
+    step_seconds: Optional[float] = None  # None until the step's rollouts are scored
 
 
 @dataclass

@@ -30,7 +30,7 @@ from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.scale.collectives import SINGLE_PROCESS, RankSync
 from ibpo_lit.scale.fsdp2 import is_sharded
 from ibpo_lit.training.logprobs import response_logprobs, response_logprobs_and_entropy
-from ibpo_lit.training.step_types import UpdateBatch
+from ibpo_lit.training.step_types import StepStats, UpdateBatch
 
 
 class NonFiniteError(RuntimeError):
@@ -45,7 +45,7 @@ class UpdateRuntime:
     world_size: int = 1
     device: torch.device = torch.device("cpu")
     backward: Callable[[Tensor], None] = Tensor.backward
-    step_stats: Optional[dict] = None  # the step's token counters (compute accounting)
+    step_stats: Optional[StepStats] = None  # the step's token counters (compute accounting)
 
 
 class PolicyUpdate:
@@ -65,7 +65,7 @@ class PolicyUpdate:
         self.loss_fn = POLICY_LOSSES.get(algorithm.loss)
         self.policy: Optional[torch.nn.Module] = None
         self.ref_policy: Optional[torch.nn.Module] = None
-        self.runtime = UpdateRuntime(step_stats={})
+        self.runtime = UpdateRuntime(step_stats=StepStats())
         self.step_index = 0  # the rollout step being updated (seeds the mini-batch order)
         # Optimizer steps taken (skipped non-finite ones excluded): the version of the policy's
         # weights. A weight-sync callback records which version the engine holds.
@@ -228,7 +228,7 @@ class PolicyUpdate:
             single_pass=self.uniform_forwards, chunk_tokens=self.logprob_chunk_tokens)
         width = logp.shape[1]
         if bookkeeping:
-            self._count("trained_tokens", batch)
+            self._count(batch, trained=True)
         old = old_logp[:, :width] if old_logp is not None else logp.detach()
         if old_logp is None and self.rollout_cfg.old_logp == "trainer" and bookkeeping:
             # on-policy: this forward runs before the batch's only optimizer step
@@ -275,7 +275,7 @@ class PolicyUpdate:
                 continue
             logp = self.logprobs(model, batch.select(chunks[index]))
             out.append(torch.nn.functional.pad(logp, (0, batch.response_ids.shape[1] - logp.shape[1])))
-            self._count("no_grad_tokens", batch.select(chunks[index]))
+            self._count(batch.select(chunks[index]), trained=False)
         if not out:
             return torch.zeros(batch.response_ids.shape, dtype=torch.float32, device=batch.response_ids.device)
         return torch.cat(out)
@@ -318,7 +318,7 @@ class PolicyUpdate:
                 logp = self.logprobs(self.policy, probe)
             if needed:
                 self._record_mismatch(logp, probe)
-                self._count("no_grad_tokens", probe)
+                self._count(probe, trained=False)
         elif needed:
             self._record_mismatch(self.logprobs_no_grad(self.policy, probe), probe)
 
@@ -329,10 +329,14 @@ class PolicyUpdate:
             return math.nan
         return self._mismatch[0] / max(self._mismatch[1], 1.0)
 
-    def _count(self, key: str, batch: RolloutBatch) -> None:
+    def _count(self, batch: RolloutBatch, trained: bool) -> None:
         stats = self.runtime.step_stats
-        if stats is not None:
-            stats[key] = stats.get(key, 0) + sequence_tokens(batch)
+        if stats is None:
+            return
+        if trained:
+            stats.trained_tokens += sequence_tokens(batch)
+        else:
+            stats.no_grad_tokens += sequence_tokens(batch)
 
 
 def sequence_tokens(batch: RolloutBatch) -> int:

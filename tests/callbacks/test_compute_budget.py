@@ -2,6 +2,7 @@
 small budget, and a resumed run that continues the budget from the checkpoint."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -28,7 +29,7 @@ class Recorder(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("compute/")}
         self.rows.append(
-            {"stats": dict(pl_module.step_stats), "flops": self.stopper.flops,
+            {"stats": dataclasses.asdict(pl_module.step_stats), "flops": self.stopper.flops,
              "seconds": self.stopper.device_seconds, "logged": logged}
         )
 
