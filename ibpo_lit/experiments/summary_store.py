@@ -23,7 +23,7 @@ def load_summaries(path: str) -> list[dict]:
 def record_summary(path: str, summary: dict) -> list[dict]:
     """Add ``summary`` to the file at ``path`` (replacing an earlier one of the same arm and
     seed, in place), re-reading the file under the lock; returns the merged list."""
-    with exclusive_lock(os.path.dirname(os.path.abspath(path))):
+    with exclusive_lock(os.path.abspath(path) + ".lock"):
         summaries = load_summaries(path)
         key = (summary["arm"], summary["seed"])
         at = next((i for i, s in enumerate(summaries) if (s["arm"], s["seed"]) == key), None)
