@@ -1,5 +1,12 @@
 """Learning-rate multiplier: linear warm-up, then cosine decay to a floor (METHOD section 7:
-warm-up over 3% of steps, cosine decay to 0.1x)."""
+warm-up over 3% of steps, cosine decay to 0.1x).
+
+Kept here rather than transformers' ``get_cosine_with_min_lr_schedule_with_warmup`` (4.56 to
+5.x): that one's decay is one step ahead (``progress = (step - warmup + 1) / decay``: the first
+step after warm-up is already below the peak), and past ``total_steps`` it follows the cosine
+back up instead of holding the floor, which a resumed run given a longer ``trainer.max_steps``
+would feel. Using it would change the schedule every checkpoint was trained with.
+"""
 from __future__ import annotations
 
 import math
