@@ -184,12 +184,11 @@ def lora_fits(lora: Any, strategy: Any) -> Optional[str]:
 
 
 def tensor_parallel_fits(backend: str, tensor_parallel_size: int, processes: int) -> Optional[str]:
-    if backend != "vllm" or processes % tensor_parallel_size == 0:
+    if backend != "vllm":
         return None
-    return (
-        f"model.rollout.vllm.tensor_parallel_size={tensor_parallel_size} does not divide the {processes} processes "
-        "of the run (trainer.devices x trainer.num_nodes): each engine spans that many consecutive ranks"
-    )
+    from ibpo_lit.rollout.vllm_engine import tensor_parallel_problem  # (no vLLM import: its module imports it lazily)
+
+    return tensor_parallel_problem(tensor_parallel_size, processes)
 
 
 def context_fits(model_name: str, prompt_tokens: int, new_tokens: int, max_model_len: Optional[int]) -> Optional[str]:

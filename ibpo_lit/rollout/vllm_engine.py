@@ -64,6 +64,16 @@ from ibpo_lit.rollout.engine import RolloutEngine, SamplingConfig, check_generat
 
 logger = logging.getLogger(__name__)
 
+def tensor_parallel_problem(tensor_parallel_size: int, processes: int) -> Optional[str]:
+    """Why ``tensor_parallel_size`` cannot lay engines over ``processes`` ranks (None: it can):
+    each engine spans that many consecutive ranks. The config checks ask it before anything
+    loads; `VLLMRolloutEngine` again where the process group is real."""
+    if processes % tensor_parallel_size == 0:
+        return None
+    return (f"model.rollout.vllm.tensor_parallel_size={tensor_parallel_size} does not divide the {processes} processes "
+            "of the run (trainer.devices x trainer.num_nodes): each engine spans that many consecutive ranks")
+
+
 @dataclass
 class VLLMConfig:
     """The colocated vLLM engine (``rollout.backend: vllm``).
@@ -197,10 +207,9 @@ class VLLMRolloutEngine(RolloutEngine):
         if tp == 1 or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return None, 0
         world, rank = dist.get_world_size(), dist.get_rank()
-        if world % tp:
-            raise ValueError(
-                f"rollout.vllm.tensor_parallel_size={tp} does not divide the {world} processes of the run"
-            )
+        problem = tensor_parallel_problem(tp, world)
+        if problem:
+            raise ValueError(problem)
         mine = None
         for start in range(0, world, tp):
             group = dist.new_group(list(range(start, start + tp)), backend="gloo")
