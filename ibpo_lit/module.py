@@ -36,6 +36,7 @@ from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
 from ibpo_lit.config_checks import check_fit_settings
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.data.val_benchmarks import VAL_SET_KEY
+from ibpo_lit.evaluation.metrics import avg_at_k, mean_pass_at_k
 from ibpo_lit.models.hf_compat import enable_activation_checkpointing
 from ibpo_lit.models.lora import LoRAConfig, adapter_state, apply_lora
 from ibpo_lit.models.loading import (
@@ -407,10 +408,11 @@ class IBPOModule(L.LightningModule):
             self._val_pools[task] = scoring_pool(task, self.reward_workers, self.reward_timeout_s)
         values = self._val_pools[task].score([(text, p.gold) for text, p in zip(texts, rows)])
         correct = torch.tensor([v is not None and v > 0.5 for v in values]).view(-1, k)  # unscorable: wrong
-        self.log(f"val/{name}/avg@{k}", correct.float().mean(), on_epoch=True, batch_size=correct.numel(),
+        # `evaluate`'s own metrics (k samples of each problem: pass@k is whether any is right)
+        self.log(f"val/{name}/avg@{k}", avg_at_k(correct), on_epoch=True, batch_size=correct.numel(),
                  sync_dist=True, add_dataloader_idx=False)
-        self.log(f"val/{name}/pass@{k}", correct.any(dim=1).float().mean(), on_epoch=True, batch_size=len(correct),
-                 sync_dist=True, add_dataloader_idx=False)
+        self.log(f"val/{name}/pass@{k}", mean_pass_at_k(correct.sum(dim=1), k, k), on_epoch=True,
+                 batch_size=len(correct), sync_dist=True, add_dataloader_idx=False)
 
     def score(self, texts: list[str], prompts: list[Prompt]) -> Tensor:
         """Rewards (the weighted sum of ``model.rewards``), [len(texts)] float on the CPU; NaN
