@@ -40,7 +40,7 @@ from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision, P
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 
 from ibpo_lit.scale.fsdp2 import FSDP2Plan
-from ibpo_lit.training.checkpoint_io import fsync_dir
+from ibpo_lit.fsync import fsync_dir
 
 _DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
