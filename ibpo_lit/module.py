@@ -5,8 +5,9 @@ One ``training_step`` is one rollout batch (see README, "One training step"):
 1. sample ``G`` responses per prompt with the rollout engine;
 2. score them with the verifier (``None`` becomes NaN: unscorable, ignored by statistics);
 3. hand a ``ScoredRollouts`` to every callback that defines
-   ``on_rollouts_scored(trainer, pl_module, step)``, in callback order. This is the one hook
-   Lightning lacks between "rollouts are scored" and "loss is computed"; the
+   ``on_rollouts_scored(trainer, pl_module, step)``, in callback order: the first of the two
+   hooks Lightning lacks between "rollouts are scored" and "loss is computed" (the second,
+   ``on_before_update``, sees the finished step before the update); the
    ``callbacks.CorrectionRollouts`` callback fills ``step.corrections`` there (with
    `correction_context`: what correcting needs from the run). Removing that callback turns
    corrections off;

@@ -20,8 +20,10 @@ class RolloutBatch:
     prompt_mask: Tensor  # [B, Lp] bool, True on real prompt tokens
     response_ids: Tensor  # [B, Lr] long, right-padded with the pad id
     response_mask: Tensor  # [B, Lr] bool, True on generated tokens (the closing EOS included)
-    rollout_logp: Tensor  # [B, Lr] float32, log-prob of each sampled token under the sampler
-    #                       (logits / temperature, before top-k/top-p/min-p), 0 on padding
+    rollout_logp: Tensor  # [B, Lr] float32, log-prob of each sampled token under the engine's
+    #                       sampling distribution, 0 on padding: the HF engine's is log_softmax(
+    #                       logits / T) before any filter; vLLM's is after its penalty and
+    #                       top-k/top-p/min-p (see rollout/vllm_engine.py). Equal with no filter.
     group_index: Tensor  # [B] long, the prompt (0..P-1) each response answers
     seeds: Tensor  # [B] long, the per-rollout sampling seed
     finished: Tensor  # [B] bool, True when the response ended with EOS (not cut at max length)
