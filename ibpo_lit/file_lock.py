@@ -21,6 +21,8 @@ logger = logging.getLogger(__name__)
 def exclusive_lock(path: Union[str, os.PathLike]) -> Iterator[None]:
     """Exclusive lock on the lock file ``path`` (created if missing). Waits, saying so, while
     another process holds it; released when the block ends, and by the kernel if the process dies."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"exclusive_lock takes a lock file's path, not a folder: {path}")
     lock = FileLock(os.fspath(path))
     try:
         lock.acquire(timeout=0)

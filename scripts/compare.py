@@ -93,7 +93,7 @@ def baseline_validation(base: dict, seed: int, settings: ArmSettings, out: str) 
     os.makedirs(root, exist_ok=True)
     cfg = build_arm_config(base, "ibpo_plain", seed, settings, root)
     path = os.path.join(root, "config.yaml")
-    with exclusive_lock(root):
+    with exclusive_lock(os.path.join(root, ".lock")):
         if os.path.exists(path):
             with open(path) as f:
                 same = yaml.safe_load(f) == cfg
@@ -116,7 +116,7 @@ def untrained_evaluation(base: dict, settings: ArmSettings, args: argparse.Names
     root = os.path.join(args.out, "runs", "baseline_eval")
     os.makedirs(root, exist_ok=True)
     output = os.path.join(root, f"n{args.final_eval}_k{args.final_eval_k}_{args.final_eval_backend}.json")
-    with exclusive_lock(root):
+    with exclusive_lock(os.path.join(root, ".lock")):
         if not os.path.exists(output):
             cfg = build_arm_config(base, "ibpo_plain", 0, settings, root)
             run(final_eval.evaluate_command(cfg, None, held_out, args.final_eval, args.final_eval_k,

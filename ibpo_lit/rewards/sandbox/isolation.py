@@ -149,6 +149,8 @@ def _cgroup_parents() -> dict[str, str]:
             logger.debug("cgroup %s not usable: %s", ctrl, e)
             continue
         _remove_stale(parent)
+        if ctrl == "cpu":
+            _weigh_sandboxes(parent)
         parents[ctrl] = parent
     return parents
 
@@ -185,6 +187,21 @@ def start_reaper(parents: list[str]) -> None:
     subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER, str(os.getpid()), __file__, *parents],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True, close_fds=True)
+
+
+def _weigh_sandboxes(parent: str) -> None:
+    """Give the sandboxes' cpu group, all runs together, the weight of one busy process per CPU.
+
+    The per-run groups share the parent's weight equally among themselves (the point: a run's 60
+    processes count as one run); but the parent competes with the trainer's own processes as a
+    single task would (cgroup v1 ``cpu.shares`` 1024), so under load every sandbox together got
+    the CPU time of one process, and start-ups passed their 5 s limit. With one task's weight
+    per CPU they may use the machine as ``os.cpu_count()`` busy processes would."""
+    try:
+        with open(os.path.join(parent, "cpu.shares"), "w") as f:
+            f.write(str(1024 * (os.cpu_count() or 1)))
+    except OSError as e:
+        logger.debug("cpu.shares of %s not set: %s", parent, e)
 
 
 def _remove_stale(parent: str) -> None:
