@@ -14,7 +14,7 @@ every source file of ``ibpo_lit/`` and ``callbacks/`` (an edited checkout render
 
 What is covered: ``--help`` or ``-h`` alone, or after ``fit`` or ``validate``. What is not:
 help with other arguments (``fit --config C --help`` shows C's values as defaults: rendered
-every time), and the ``evaluate``/``export``/``fetch`` subcommands (their own parsers).
+every time), and the ``evaluate``/``export``/``fetch``/``plan`` subcommands (their own parsers).
 One text is kept per request (a newer key replaces it). A cache folder that cannot be written
 only costs the speed. ``fit`` keeps the help of the parser it builds anyway (`ibpo_lit.cli`), so
 after the quick start's first run even the first ``--help`` is fast.

@@ -119,7 +119,7 @@ def longest_row(run: RunShape, context: Optional[int]) -> int:
     rollout = run.max_prompt_tokens + run.max_new_tokens
     if run.corrections and run.train_on_corrections:
         limit = run.context_limit(context)
-        correction = correction_prompt_tokens(run, context) + run.correction_new_tokens
+        correction = correction_prompt_tokens(run) + run.correction_new_tokens
         return max(rollout, min(correction, limit) if limit else correction)
     return rollout
 
@@ -129,7 +129,7 @@ CORRECTION_TEMPLATE_TOKENS = 160
 template is some 70 words of English, under 160 tokens in any of the shipped models' tokenizers."""
 
 
-def correction_prompt_tokens(run: RunShape, context: Optional[int]) -> int:
+def correction_prompt_tokens(run: RunShape) -> int:
     """The longest correction prompt before any cut: the problem and whole candidates."""
     candidates = 2 if run.two_candidates else 1
     return run.max_prompt_tokens + CORRECTION_TEMPLATE_TOKENS + candidates * run.max_new_tokens

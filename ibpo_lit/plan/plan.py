@@ -159,7 +159,7 @@ def build_plan(model: ModelShape, run: RunShape, settings: PlanSettings) -> Plan
     candidate_tokens = fraction = None
     if run.corrections:
         corrections = per_engine * run.corrections_per_input
-        prompt = memory.correction_prompt_tokens(run, model.context)
+        prompt = memory.correction_prompt_tokens(run)
         length = min(prompt + run.correction_new_tokens, context) if context else prompt + run.correction_new_tokens
         phases.append(_generation_phase("corrections", model, run, device, overhead, corrections, length,
                                         run.correction_new_tokens, rate))

@@ -38,6 +38,7 @@ What is covered:
 import builtins
 import ctypes
 import errno
+import functools
 import json
 import os
 import platform
@@ -293,6 +294,7 @@ _ALLOW, _EPERM = 0x7FFF0000, 0x00050000 | errno.EPERM  # SECCOMP_RET_ALLOW, SECC
 _X32_BIT = 0x40000000
 
 
+@functools.lru_cache(maxsize=None)  # the same bytes for every sandbox a judge starts
 def seccomp_filter(machine=None):
     """The classic BPF program (``struct sock_filter`` array) bwrap loads with ``--seccomp``; None
     on a machine it has no syscall numbers for. Written out here, not with libseccomp: the judge
