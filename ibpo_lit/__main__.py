@@ -8,6 +8,7 @@ it imports neither torch nor Lightning; this module imports nothing heavy for th
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import sys
 
@@ -15,8 +16,23 @@ from ibpo_lit.errors import debug_enabled, format_user_error, is_user_error
 from ibpo_lit.help_cache import is_plain_help, keep_help, kept_help
 
 
+# ibpo-lit's own subcommands, each with its own parser (Lightning's fit and validate are
+# `ibpo_lit.cli`'s): "module:function", imported only when asked for.
+SUBCOMMANDS = {
+    "fetch": "ibpo_lit.models.fetch_cli:fetch_main",
+    "export": "ibpo_lit.models.export_cli:export_main",
+    "evaluate": "ibpo_lit.evaluation.cli:evaluate_main",
+    "plan": "ibpo_lit.plan.cli:plan_main",
+}
+
+
 def main(args: list[str] | None = None, run: bool = True):
-    """`ibpo_lit.cli.main`: parse ``args`` (default: the command line) and run the subcommand."""
+    """Parse ``args`` (default: the command line) and run the subcommand: one of ``SUBCOMMANDS``
+    (its exit code), else Lightning's through `ibpo_lit.cli.main` (the LightningCLI)."""
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] and argv[0] in SUBCOMMANDS:
+        module, function = SUBCOMMANDS[argv[0]].split(":")
+        return getattr(importlib.import_module(module), function)(argv[1:])
     from ibpo_lit.cli import main as cli_main
 
     return cli_main(args, run)

@@ -38,7 +38,7 @@ from ibpo_lit.errors import ConfigError
 from ibpo_lit.help_cache import keep_help, kept_help
 from ibpo_lit.module import IBPOModule
 from ibpo_lit.plan.plan import PlanSettings
-from ibpo_lit.rewards.functions import data_task as _rewards_task
+from ibpo_lit.tasks import task_for_rewards as _rewards_task
 from ibpo_lit.scale import strategy as _registers_fsdp2  # noqa: F401 - `trainer.strategy: fsdp2`
 from ibpo_lit.trainer import Trainer
 from ibpo_lit.training.checkpoint_io import AtomicCheckpointIO, run_state
@@ -227,28 +227,12 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, DefaultHelpFormatter)
 
 
 def main(args: list[str] | None = None, run: bool = True, cli_class: type = None):
-    """Parse ``args`` (default: the command line) and run the subcommand; ``run=False``
-    parses a config without a subcommand and only instantiates (used to check configs).
-    Returns the LightningCLI, or the exit code of ``fetch``/``export``/``evaluate``/``plan``.
-    ``cli_class``: an `IBPOCLI` subclass (the plan's, which builds no Trainer)."""
+    """Parse ``args`` (default: the command line) and run Lightning's subcommand (``fit``,
+    ``validate``); ``run=False`` parses a config without a subcommand and only instantiates (used
+    to check configs). Returns the LightningCLI. ``cli_class``: an `IBPOCLI` subclass (the
+    plan's, which builds no Trainer). ibpo-lit's own subcommands (``fetch``, ``export``,
+    ``evaluate``, ``plan``) are dispatched before this, by `ibpo_lit.__main__.main`."""
     cli_class = cli_class or IBPOCLI
-    argv = sys.argv[1:] if args is None else list(args)
-    if argv[:1] == ["fetch"]:
-        from ibpo_lit.models.fetch_cli import fetch_main
-
-        return fetch_main(argv[1:])
-    if argv[:1] == ["export"]:
-        from ibpo_lit.models.export_cli import export_main
-
-        return export_main(argv[1:])
-    if argv[:1] == ["evaluate"]:
-        from ibpo_lit.evaluation.cli import evaluate_main
-
-        return evaluate_main(argv[1:])
-    if argv[:1] == ["plan"]:
-        from ibpo_lit.plan.cli import plan_main
-
-        return plan_main(argv[1:])
     return cli_class(
         IBPOModule,
         PromptDataModule,

@@ -14,14 +14,9 @@ from ibpo_lit.algorithms.registry import (
 )
 from ibpo_lit.algorithms.regularizers import KL_ESTIMATORS, RegularizerSettings
 from ibpo_lit.algorithms.shaping import validate_shaping
-from ibpo_lit.data.correction_prompt import (
-    DEFAULT_CODE_TEMPLATE,
-    DEFAULT_SELF_REVISION_CODE_TEMPLATE,
-    DEFAULT_SELF_REVISION_TEMPLATE,
-    DEFAULT_TEMPLATE,
-)
 from ibpo_lit.rollout.engine import SamplingConfig
 from ibpo_lit.rollout.vllm_engine import VLLMConfig
+from ibpo_lit.tasks import CODE_COMPARE_TEMPLATE, CODE_REVISE_TEMPLATE, COMPARE_TEMPLATE, REVISE_TEMPLATE
 
 
 @dataclass
@@ -96,11 +91,11 @@ class IBPOConfig:
     reference: Literal["group", "none"] = "group"
     max_new_tokens: Optional[int] = None
     on_long_prompt: Literal["truncate", "skip"] = "truncate"
-    template: str = DEFAULT_TEMPLATE
-    code_template: str = DEFAULT_CODE_TEMPLATE
+    template: str = COMPARE_TEMPLATE
+    code_template: str = CODE_COMPARE_TEMPLATE
     answer_instruction: Optional[str] = None
-    self_revision_template: str = DEFAULT_SELF_REVISION_TEMPLATE
-    self_revision_code_template: str = DEFAULT_SELF_REVISION_CODE_TEMPLATE
+    self_revision_template: str = REVISE_TEMPLATE
+    self_revision_code_template: str = CODE_REVISE_TEMPLATE
 
     def __post_init__(self) -> None:
         validate_shaping(self.variant, self.lam, self.beta)  # also an unknown variant, listing the names

@@ -48,7 +48,7 @@ from ibpo_lit.models.loading import (
     load_sharded_policy,
     resolve_model_path,
 )
-from ibpo_lit.rewards import RewardSpec, WeightedRewards, resolve_specs, scoring_pool
+from ibpo_lit.rewards import RewardSpec, WeightedRewards, resolve_specs
 from ibpo_lit.rollout.engine import RolloutEngine
 from ibpo_lit.rollout.hf import HFRolloutEngine
 from ibpo_lit.scale.collectives import RankSync
@@ -66,6 +66,7 @@ from ibpo_lit.training.seeding import BENCHMARK_VALIDATION, MAIN_ROLLOUTS, VALID
 from ibpo_lit.training.step_metrics import StepClock, step_metrics
 from ibpo_lit.training.step_types import ScoredRollouts, StepStats
 from ibpo_lit.training.unscorable import UnscorableStreak
+from ibpo_lit.tasks import get_task, scoring_pool
 from ibpo_lit.training.update import PolicyUpdate, UpdateRuntime
 
 
@@ -85,7 +86,7 @@ class IBPOModule(L.LightningModule):
             ``package.module:function`` called in batches as ``fn(prompts, completions,
             **columns) -> list[float | None]`` (TRL's convention; docs/rewards.md). Unset:
             ``math``, unless ``rewards`` is set (setting both is an error). Scored through
-            ``ibpo_lit.rewards.scoring_pool``, the pool evaluation uses too.
+            ``ibpo_lit.tasks.scoring_pool``, the pool evaluation uses too.
         rewards: Several rewards, ``[{name, weight}]`` (names as ``reward``): the reward is
             their weighted sum, unscorable when any of non-zero weight is; each is logged as
             ``reward/<name>`` (an import path's function name), ``train/reward`` is the sum.
@@ -160,7 +161,7 @@ class IBPOModule(L.LightningModule):
         self.reward_batch_size = reward_batch_size
         # WeightedRewards: a scoring_pool per reward (the sandbox for code, worker processes otherwise)
         self._reward_pool: Optional[WeightedRewards] = None
-        self._val_pools: dict = {}  # data.val_benchmarks: a scoring pool per benchmark task
+        self._val_pools: dict = {}  # data.val_benchmarks: a scoring pool per benchmark's verifier
         self.max_nonfinite_steps = max_nonfinite_steps
         # Stops a run whose reward scores nothing (raises, hangs, ...) instead of training on no gradient.
         self.unscorable_streak = UnscorableStreak(max_unscorable_steps, [s.name for s in self.reward_specs])
@@ -404,10 +405,10 @@ class IBPOModule(L.LightningModule):
     def _log_benchmark(self, name: str, texts: list[str], rows: list[Prompt], k: int) -> None:
         """``val/<name>/avg@k`` and ``val/<name>/pass@k`` (with k samples, pass@k is whether any
         is correct), by the benchmark's own verifier, whatever the training reward."""
-        task = rows[0].task
-        if task not in self._val_pools:
-            self._val_pools[task] = scoring_pool(task, self.reward_workers, self.reward_timeout_s)
-        values = self._val_pools[task].score([(text, p.gold) for text, p in zip(texts, rows)])
+        verifier = get_task(rows[0].task).reward
+        if verifier not in self._val_pools:
+            self._val_pools[verifier] = scoring_pool(verifier, self.reward_workers, self.reward_timeout_s)
+        values = self._val_pools[verifier].score([(text, p.gold) for text, p in zip(texts, rows)])
         correct = torch.tensor([v is not None and v > 0.5 for v in values]).view(-1, k)  # unscorable: wrong
         # `evaluate`'s own metrics (k samples of each problem: pass@k is whether any is right)
         self.log(f"val/{name}/avg@{k}", avg_at_k(correct), on_epoch=True, batch_size=correct.numel(),

@@ -30,7 +30,8 @@ sys.path.insert(0, str(REPO))
 
 from ibpo_lit.data.code_tasks import load_humaneval, load_mbpp, load_mbpp_sanitized  # noqa: E402
 from ibpo_lit.rewards.code import SandboxError, run_code_tests  # noqa: E402
-from ibpo_lit.rewards.sandbox.isolation import Isolation, detect_isolation  # noqa: E402
+from ibpo_lit.rewards.code import detect_isolation  # noqa: E402
+from ibpo_lit.rewards.sandbox.isolation import Isolation  # noqa: E402
 
 FILES = {"humaneval": ("humaneval.jsonl", load_humaneval), "mbpp": ("mbpp_full.jsonl", load_mbpp),
          "mbpp_sanitized": ("mbpp_sanitized.jsonl", load_mbpp_sanitized)}

@@ -71,8 +71,8 @@ WRAPPER = """
 import functools, sys
 sys.path.insert(0, sys.argv[1])
 import hash_reward
-import ibpo_lit.module, ibpo_lit.rewards
-ibpo_lit.module.scoring_pool = functools.partial(ibpo_lit.rewards.scoring_pool, import_modules=["hash_reward"])
+import ibpo_lit.module, ibpo_lit.tasks
+ibpo_lit.module.scoring_pool = functools.partial(ibpo_lit.tasks.scoring_pool, import_modules=["hash_reward"])
 from ibpo_lit.__main__ import entry_point
 sys.exit(entry_point(sys.argv[2:]))
 """

@@ -50,6 +50,7 @@ from itertools import islice
 from pathlib import Path
 
 from ibpo_lit.data.records import Record, RecordFormat, parse_record, read_records
+from ibpo_lit.tasks import DEFAULT_TASK
 
 DATASETS_MISSING = "pip install datasets, or pass --path to a local JSONL file"
 MBPP_SPLIT_CHOICES = ("test", "validation", "train", "prompt", "all")  # code_tasks.MBPP_SPLITS + all
@@ -78,6 +79,7 @@ class BenchmarkSpec:
     hub_config: str | None = None
     id_key: str | None = None
     size: int | None = None
+    task: str = "math"  # the task (`ibpo_lit.tasks`) whose verifier scores it
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class CodeBenchmarkSpec:
     hub_split: str = "test"
     has_mbpp_splits: bool = False
     size: int | None = None
+    task: str = "code"  # the task (`ibpo_lit.tasks`) whose verifier scores it
 
 
 BENCHMARKS: dict[str, BenchmarkSpec] = {
@@ -115,8 +118,8 @@ CODE_BENCHMARKS: dict[str, CodeBenchmarkSpec] = {
 }
 
 
-# The verifier of your own data (`load_own_data`): math-verify against the answer field.
-OWN_DATA_TASK = "math"
+# The task of your own data (`load_own_data`): math-verify against the answer field.
+OWN_DATA_TASK = DEFAULT_TASK
 
 
 def _unknown(name: str) -> ValueError:
@@ -141,12 +144,12 @@ def get_benchmark(name: str) -> BenchmarkSpec | CodeBenchmarkSpec:
 
 
 def benchmark_task(name: str) -> str:
-    """The verifier that scores benchmark ``name``: "math" or "code" (a name in ``REWARDS``).
+    """The task that scores benchmark ``name`` (``ibpo_lit.tasks``): "math" or "code".
 
     Raises:
         ValueError: unknown name (the message lists the valid names).
     """
-    return "code" if isinstance(get_benchmark(name), CodeBenchmarkSpec) else "math"
+    return get_benchmark(name).task
 
 
 def check_mbpp_split(name: str, mbpp_split: str) -> None:

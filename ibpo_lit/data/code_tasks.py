@@ -70,15 +70,9 @@ from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
-from ibpo_lit.data.records import BadRecordError, Record
+from ibpo_lit.data.records import BadRecordError, Record, json_lines, parse_json_object
 from ibpo_lit.rewards.code import CodeTests, extract_code
 
-CODE_INSTRUCTION = "Write your solution in Python, in a single ```python code block."
-CODE_CORRECTION_INSTRUCTION = (
-    "You are given two candidate Python solutions to the same programming problem. Compare them step "
-    "by step, identify any bugs or inconsistencies, and then write a corrected solution in a single "
-    "```python code block."
-)
 MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}
 LCB_FUNCTIONAL_FORMAT = ("You will use the following starter code to write the solution to the problem and "
                          "enclose your code within delimiters.")
@@ -94,7 +88,7 @@ LCB_IMPORTS = ("".join(f"from {m} import *\n" for m in (*_LCB_MODULES, "builtins
 _LCB_PRELUDE = "def _as_lcb(x):\n    return list(x) if isinstance(x, tuple) else x\n"
 
 __all__ = [
-    "CODE_CORRECTION_INSTRUCTION", "CODE_INSTRUCTION", "CODE_LOADERS", "CodeTask", "extract_code",
+    "CODE_LOADERS", "CodeTask", "extract_code",
     "load_code_tasks", "load_humaneval", "load_livecodebench", "load_mbpp", "load_mbpp_sanitized",
     "mbpp_split",
 ]
@@ -128,20 +122,9 @@ def _task(uid: str, problem: str, spec: CodeTests, **kwargs) -> CodeTask:
 
 
 def _read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such JSONL file: {path}")
-    with path.open("rb") as f:
-        for line_no, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise BadRecordError(path, line_no, None, f"malformed JSON: {e}") from None
-            if not isinstance(obj, dict):
-                raise BadRecordError(path, line_no, None, f"expected a JSON object, got {type(obj).__name__}")
-            yield line_no, obj
+    """``(line, object)`` of a benchmark's JSONL file, by the training data's reader (one error style)."""
+    for line_no, raw in json_lines(path):
+        yield line_no, parse_json_object(raw, path, line_no)
 
 
 def _field(obj: dict, key: str, path, line: int, kind: type = str):

@@ -19,75 +19,33 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-DEFAULT_TEMPLATE = (
-    "You are given two candidate solutions to the same problem. Compare them step by step, "
-    "identify any inconsistencies or errors, and then produce a corrected solution and final answer."
-)
-DEFAULT_ANSWER_INSTRUCTION = "End with the final answer in the format the problem asks for."
-# Code prompts (``Prompt.task == "code"``): the same comparison, with both candidates shown as
-# code blocks (extracted from the responses) and the correction asked for as one.
-DEFAULT_CODE_TEMPLATE = (
-    "You are given two candidate Python solutions to the same programming problem. Compare them step "
-    "by step, identify any bugs or inconsistencies, and then write a corrected solution in a single "
-    "```python code block."
-)
-# ``reference: none`` (k = 1): the same wording, adapted to a single candidate.
-DEFAULT_SELF_REVISION_TEMPLATE = (
-    "You are given a candidate solution to a problem. Check it step by step, identify any errors, "
-    "and then produce a corrected solution and final answer."
-)
-DEFAULT_SELF_REVISION_CODE_TEMPLATE = (
-    "You are given a candidate Python solution to a programming problem. Check it step by step, "
-    "identify any bugs, and then write a corrected solution in a single ```python code block."
-)
+from ibpo_lit.tasks import CorrectionWording, get_task
 
 
 class CorrectionPrompt:
-    """Renders correction prompts with the given wording (defaults: the ones above).
+    """Renders correction prompts with the given wording (defaults: each task's own, `ibpo_lit.tasks`).
 
+    The task of the prompt (``Prompt.task``) decides how the candidates are shown and which of
+    the wording's fields it reads (an answer task: ``template``; a program task: ``code_template``).
     ``on_long_prompt``: ``truncate`` or ``skip`` (see the module docstring).
     """
 
-    def __init__(self, template: str = DEFAULT_TEMPLATE, code_template: str = DEFAULT_CODE_TEMPLATE,
-                 answer_instruction: Optional[str] = None,
-                 self_revision_template: str = DEFAULT_SELF_REVISION_TEMPLATE,
-                 self_revision_code_template: str = DEFAULT_SELF_REVISION_CODE_TEMPLATE,
-                 on_long_prompt: str = "truncate") -> None:
-        self.template, self.code_template = template, code_template
-        self.answer_instruction = answer_instruction
-        self.self_revision_template, self.self_revision_code_template = self_revision_template, self_revision_code_template
+    def __init__(self, on_long_prompt: str = "truncate", **wording: Optional[str]) -> None:
+        self.wording = CorrectionWording(**wording)  # an unknown field is a TypeError naming it
         self.on_long_prompt = on_long_prompt
 
     @classmethod
     def from_config(cls, cfg) -> CorrectionPrompt:
         """From an ``IBPOConfig`` (its wording fields)."""
-        return cls(cfg.template, cfg.code_template, cfg.answer_instruction, cfg.self_revision_template,
-                   cfg.self_revision_code_template, cfg.on_long_prompt)
+        return cls(cfg.on_long_prompt, template=cfg.template, code_template=cfg.code_template,
+                   answer_instruction=cfg.answer_instruction, self_revision_template=cfg.self_revision_template,
+                   self_revision_code_template=cfg.self_revision_code_template)
 
     def text(self, problem: str, attempt: str, reference: Optional[str], instruction: Optional[str],
              task: str = "math") -> str:
         """The user message of ``x~ = (x; y_i, y_ref)``, or of ``(x; y_i)`` when ``reference``
-        is None (the self-revision prompt of ``reference: none``)."""
-        if task == "code":
-            from ibpo_lit.rewards.code import extract_code
-
-            def block(text: str) -> str:
-                return f"```python\n{extract_code(text).rstrip()}\n```"
-
-            if reference is None:
-                return f"{self.self_revision_code_template}\n\nProblem:\n{problem}\n\nCandidate solution:\n{block(attempt)}"
-            return (
-                f"{self.code_template}\n\nProblem:\n{problem}\n\n"
-                f"Candidate solution 1:\n{block(attempt)}\n\n"
-                f"Candidate solution 2:\n{block(reference)}"
-            )
-        answer = self.answer_instruction or instruction or DEFAULT_ANSWER_INSTRUCTION
-        if reference is None:
-            return f"{self.self_revision_template}\n\nProblem:\n{problem}\n\nCandidate solution:\n{attempt}\n\n{answer}"
-        return (
-            f"{self.template}\n\nProblem:\n{problem}\n\n"
-            f"Candidate solution 1:\n{attempt}\n\nCandidate solution 2:\n{reference}\n\n{answer}"
-        )
+        is None (the self-revision prompt of ``reference: none``), as ``task`` words it."""
+        return get_task(task).correction_text(self.wording, problem, attempt, reference, instruction)
 
     def ids(self, tokenizer, prompt, attempt: str, reference: Optional[str]) -> list[int]:
         """Token ids of the correction prompt, through the chat template when the tokenizer has one."""

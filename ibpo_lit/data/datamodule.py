@@ -61,12 +61,12 @@ from ibpo_lit.data.val_benchmarks import (
     benchmark_prompts,
     check_unique_names,
 )
-from ibpo_lit.rewards.functions import CUSTOM_TASK
+from ibpo_lit.tasks import ANSWER_INSTRUCTION, get_task
 
 logger = logging.getLogger(__name__)
 
 SOURCES = ("arithmetic", "file", "dataset", "jsonl")  # "jsonl": the old name of "file"
-DEFAULT_INSTRUCTION = "Think step by step, then give the final answer after ####."
+DEFAULT_INSTRUCTION = ANSWER_INSTRUCTION  # the math task's
 
 
 class PromptDataModule(L.LightningDataModule):
@@ -105,7 +105,8 @@ class PromptDataModule(L.LightningDataModule):
         system_prompt: Optional system message, used when the tokenizer has a chat template.
         chat_template_kwargs: Extra variables for the tokenizer's chat template, passed to
             ``apply_chat_template`` (Qwen3: ``{enable_thinking: false}`` turns thinking off).
-        instruction: Text appended to every problem (after a blank line).
+        instruction: Text appended to every problem (after a blank line); ``""`` for none; unset =
+            the task's own (math: answer after ``####``; code: one python block).
         max_prompt_tokens: Longest prompt in tokens, chat template included.
         on_long_prompt: What to do with a longer prompt: "skip" (counted), "truncate" (shorten
             the problem text, keep the template), or "error".
@@ -120,9 +121,10 @@ class PromptDataModule(L.LightningDataModule):
         code_val_split: The split of ``val_path`` validated on.
         code_shown_tests: MBPP asserts shown in the problem text (the rest stay hidden);
             unset = all, the benchmark's own format.
-        task: Verifier that scores these prompts' responses (a name in ibpo_lit.rewards.REWARDS),
-            or ``custom`` when every reward is a function of your own (``package.module:function``):
-            then no gold answer is needed. On the command line it follows ``model.reward`` /
+        task: What kind of problems these are (``ibpo_lit.tasks``: ``math``, ``code``, or
+            ``custom`` when every reward is a function of your own, ``package.module:function``,
+            and no gold answer is needed): it sets the default instruction, the correction
+            prompts' wording and the verifier. On the command line it follows ``model.reward`` /
             ``model.rewards`` (linked; not set apart).
         val_size: Held-out problems for validation (``val/accuracy``): the first ``val_size``
             records of ``val_path``, or, without it, arithmetic problems from a stream seeded
@@ -160,7 +162,7 @@ class PromptDataModule(L.LightningDataModule):
         prompts_per_step: int = 2,
         system_prompt: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
-        instruction: str = DEFAULT_INSTRUCTION,
+        instruction: str | None = None,
         max_prompt_tokens: int = 512,
         on_long_prompt: Literal["truncate", "skip", "error"] = "skip",
         seed: int = 0,
@@ -210,11 +212,8 @@ class PromptDataModule(L.LightningDataModule):
                 raise ValueError(f"{name} must be >= {low}, got {value}")
         if not isinstance(arithmetic, ArithmeticConfig):
             raise ValueError(f"arithmetic must be an ArithmeticConfig, got {type(arithmetic).__name__}")
-        if task != CUSTOM_TASK:
-            from ibpo_lit.rewards import get_reward
-
-            get_reward(task)  # ValueError listing the valid names
-        if answer_key is None and task != CUSTOM_TASK:
+        kind = get_task(task)  # ValueError listing the valid names
+        if answer_key is None and kind.needs_gold:
             raise ValueError(
                 f"data.answer_key: null (records without an answer) leaves the {task!r} verifier nothing to score "
                 "responses against: set data.answer_key to the field with the answer, or score with a reward "
@@ -228,12 +227,12 @@ class PromptDataModule(L.LightningDataModule):
         elif any(v is not None for v in (val_format, val_config, val_split)):
             raise ValueError("data.val_format/val_config/val_split are only read with data.val_path")
         self.record_format = RecordFormat(question_key, answer_key, answer_format,
-                                          answer_required=task != CUSTOM_TASK)
+                                          answer_required=kind.needs_gold)
         if code_format is not None:
             from ibpo_lit.data.code_tasks import CODE_LOADERS
 
             _check_choice("code_format", code_format, tuple(CODE_LOADERS))
-            if task != "code":
+            if not kind.runs_programs:
                 raise ValueError(f"data.code_format={code_format!r} needs the code verifier: model.reward: code "
                                  f"(the data's task follows it; got {task!r})")
         if code_format is not None and any(v is not None for v in (train_config, train_split, val_config,
@@ -258,7 +257,7 @@ class PromptDataModule(L.LightningDataModule):
         self.prompts_per_step = prompts_per_step
         self.system_prompt = system_prompt
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        self.instruction = instruction
+        self.instruction = kind.instruction if instruction is None else instruction
         self.max_prompt_tokens = max_prompt_tokens
         self.on_long_prompt = on_long_prompt
         self.seed = seed

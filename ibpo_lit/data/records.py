@@ -124,6 +124,11 @@ class RecordFormat:
 
 def parse_record(raw: bytes, path: Path | str, line: int, fmt: RecordFormat) -> Record:
     """Turn one raw JSONL line into a `Record`, or raise `BadRecordError`."""
+    return record_from_fields(parse_json_object(raw, path, line), fmt, path, line=line)
+
+
+def parse_json_object(raw: bytes, path: Path | str, line: int) -> dict:
+    """One raw JSONL line as a JSON object, or `BadRecordError` naming the line and what is wrong."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -134,7 +139,31 @@ def parse_record(raw: bytes, path: Path | str, line: int, fmt: RecordFormat) -> 
         raise BadRecordError(path, line, None, f"malformed JSON: {e.msg} (column {e.colno})") from None
     if not isinstance(obj, dict):
         raise BadRecordError(path, line, None, f"expected a JSON object, got {type(obj).__name__}")
-    return record_from_fields(obj, fmt, path, line=line)
+    return obj
+
+
+def json_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
+    """``(line number, raw line)`` of a JSONL file's non-blank lines (a UTF-8 BOM dropped).
+
+    JSONL is read here rather than by ``datasets`` (which reads the other formats, `tables`):
+    ``on_bad_record: skip`` needs to drop one bad line and go on, and an error must name the
+    line, where ``datasets`` parses the file whole and stops at the first bad line without
+    naming it. Code benchmarks' files are read through here too (`code_tasks`).
+
+    Raises:
+        FileNotFoundError: the file does not exist (or is a directory).
+    """
+    path = Path(path)
+    if not path.is_file():
+        if path.is_dir():
+            raise FileNotFoundError(f"{path} is a directory, not a JSONL file")
+        raise FileNotFoundError(f"no such JSONL file: {path}")
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            if line_no == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8):]
+            if raw.strip():
+                yield line_no, raw.rstrip(b"\r\n")
 
 
 def record_from_fields(obj: dict, fmt: RecordFormat, path: Path | str, line: int = 0, row: int | None = None,
@@ -263,28 +292,19 @@ def read_records(
     if on_bad_record not in BAD_RECORD_POLICIES:
         raise ValueError(f"on_bad_record must be one of {BAD_RECORD_POLICIES}, got {on_bad_record!r}")
     path = Path(path)
-    if not path.is_file():
-        if path.is_dir():
-            raise FileNotFoundError(f"{path} is a directory, not a JSONL file")
-        raise FileNotFoundError(f"no such JSONL file: {path}")
     n_good = n_bad = 0
-    with path.open("rb") as f:
-        for line_no, raw in enumerate(f, start=1):
-            if line_no == 1 and raw.startswith(codecs.BOM_UTF8):
-                raw = raw[len(codecs.BOM_UTF8):]
-            if not raw.strip():
-                continue
-            try:
-                record = parse_record(raw.rstrip(b"\r\n"), path, line_no, fmt)
-            except BadRecordError as e:
-                if on_bad_record == "error":
-                    raise
-                n_bad += 1
-                if skipped is not None:
-                    skipped.append(e)
-                continue
-            n_good += 1
-            yield record
+    for line_no, raw in json_lines(path):
+        try:
+            record = parse_record(raw, path, line_no, fmt)
+        except BadRecordError as e:
+            if on_bad_record == "error":
+                raise
+            n_bad += 1
+            if skipped is not None:
+                skipped.append(e)
+            continue
+        n_good += 1
+        yield record
     if n_good == 0:
         detail = f" ({n_bad} bad records skipped)" if n_bad else ""
         raise BadRecordError(path, 0, None, f"no records in {path}{detail}")

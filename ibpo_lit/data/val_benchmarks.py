@@ -17,8 +17,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+from ibpo_lit.data.benchmarks import benchmark_task, load_benchmark
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.data.prompt_builder import PromptBuilder
+from ibpo_lit.tasks import get_task
 
 VAL_SET_KEY = "val_set"  # Prompt.meta key naming the validation set a prompt belongs to
 
@@ -55,9 +57,7 @@ class ValBenchmark:
 
     @property
     def task(self) -> str:
-        """The verifier that scores it: "math" or "code"."""
-        from ibpo_lit.data.benchmarks import benchmark_task
-
+        """The task that scores it (``ibpo_lit.tasks``): "math" or "code"."""
         return benchmark_task(self.name)
 
     @property
@@ -75,14 +75,7 @@ def check_unique_names(benchmarks: list[ValBenchmark]) -> None:
 
 def benchmark_prompts(spec: ValBenchmark, training_builder: PromptBuilder) -> list[Prompt]:
     """``spec``'s problems as prompts, tagged ``meta["val_set"] = spec.key`` and ``task`` = its verifier."""
-    from ibpo_lit.data.benchmarks import load_benchmark
-
-    instruction = spec.instruction
-    if instruction is None:
-        from ibpo_lit.data.code_tasks import CODE_INSTRUCTION
-        from ibpo_lit.data.datamodule import DEFAULT_INSTRUCTION
-
-        instruction = CODE_INSTRUCTION if spec.task == "code" else DEFAULT_INSTRUCTION
+    instruction = get_task(spec.task).instruction if spec.instruction is None else spec.instruction
     builder = dataclasses.replace(training_builder, instruction=instruction, task=spec.task, on_long_prompt="skip",
                                   stats={"skipped_long_prompts": 0, "truncated_prompts": 0})
     prompts = []

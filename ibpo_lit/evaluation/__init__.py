@@ -2,8 +2,8 @@
 pass@k with the code sandbox, the IBPO paper's baselines (test-time compare-and-correct,
 Best-of-N), and bootstrap confidence intervals across seeds (METHOD.md section 6).
 
-``evaluate`` and ``evaluate_main`` load transformers lazily; the metrics import only torch,
-numpy and math-verify.
+``evaluate`` loads transformers lazily (the command is ``ibpo_lit.evaluation.cli``); the metrics
+import only torch, numpy and math-verify.
 """
 from ibpo_lit.evaluation.baselines import correction_metrics, parse_baselines
 from ibpo_lit.evaluation.bootstrap import bootstrap_ci, combine_runs
@@ -22,7 +22,6 @@ __all__ = [
     "combine_runs",
     "correction_metrics",
     "evaluate",
-    "evaluate_main",
     "extract_answer",
     "maj_at_k",
     "majority_answer",
@@ -38,12 +37,8 @@ def __getattr__(name: str):
         from ibpo_lit.evaluation.runner import evaluate
 
         return evaluate
-    if name == "evaluate_main":
-        from ibpo_lit.evaluation.cli import evaluate_main
-
-        return evaluate_main
-    if name == "extract_answer":
-        from ibpo_lit.evaluation.answers import extract_answer
+    if name == "extract_answer":  # the math task's answer (`ibpo_lit.rewards.answers`), for maj@k
+        from ibpo_lit.rewards.answers import extract_answer
 
         return extract_answer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,7 +6,7 @@ What is covered:
   in the product form ``1 - prod_{i=n-c+1}^{n} (1 - k/i)``, which never forms a binomial
   coefficient (no overflow for n = 64 or 1024). ``mean_pass_at_k`` averages it over problems.
 - ``maj_at_k``: majority vote over the extracted answers of each problem's samples (see
-  ``ibpo_lit.evaluation.answers`` for how answers are extracted and made comparable). Math
+  ``ibpo_lit.rewards.answers`` for how answers are extracted and made comparable). Math
   only: programs have no canonical answer to vote on, so code results carry ``maj@k = None``.
 - ``mean_test_fraction``: the mean share of a code benchmark's tests that a sample passes (partial
   credit, reported beside pass@k, which counts a sample only when all its tests pass).

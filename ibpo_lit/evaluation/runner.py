@@ -57,7 +57,6 @@ from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.data.prompt_builder import PromptBuilder
 from ibpo_lit.data.records import Record, RecordFormat
 from ibpo_lit.errors import ConfigError
-from ibpo_lit.evaluation.answers import extract_answer
 from ibpo_lit.evaluation.baselines import CORRECTION_BASELINES, NOTES, parse_baselines
 from ibpo_lit.evaluation.checkpoint import load_checkpoint_weights
 from ibpo_lit.evaluation.metrics import avg_at_k, correct_matrix, maj_at_k, mean_pass_at_k, mean_test_fraction
@@ -66,20 +65,11 @@ from ibpo_lit.evaluation.scoring import Verdicts, score_samples, status_counts
 from ibpo_lit.models.loading import DTYPES, load_policy
 from ibpo_lit.rollout.engine import SamplingConfig
 from ibpo_lit.rollout.vllm_engine import VLLMConfig
+from ibpo_lit.tasks import get_task
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_INSTRUCTION = "Think step by step, then give the final answer after ####."
 MODEL_WEIGHT_SEED = 0  # built-in random models: one set of weights for every evaluation seed
-
-
-def default_instruction(task: str) -> str:
-    """The instruction appended to each problem when none is given: math's, or the code one."""
-    if task == "code":
-        from ibpo_lit.data.code_tasks import CODE_INSTRUCTION
-
-        return CODE_INSTRUCTION
-    return DEFAULT_INSTRUCTION
 
 
 def evaluate(
@@ -160,7 +150,8 @@ def evaluate(
         keep_completions: Also store every completion text in the per-problem records.
         mbpp_split: mbpp / mbpp_sanitized only: the split by task_id, test (11-510, the
             default), validation, train, prompt, or all.
-        sandbox_workers: Code benchmarks: programs run in the sandbox at once.
+        sandbox_workers: Samples scored at once: programs in the sandbox (code), or math-verify
+            worker processes (math; each item killed past 5 s), the pools training scores with.
         baselines: Also compute these, from the same k samples (a list, or names joined by
             commas): test_time_correction (every sample is corrected once by the policy against a
             reference among the other samples picked WITHOUT the gold: one sharing the most
@@ -199,7 +190,7 @@ def evaluate(
     records = load_problems(benchmark, path, limit, mbpp_split, fmt)
     # With vLLM the HF model only hands its weights over: it stays off the GPU vLLM needs.
     model, tokenizer = load_model(model_name_or_path, ckpt_path, dtype, "cpu" if backend == "vllm" else device)
-    instruction = default_instruction(task) if instruction is None else instruction
+    instruction = get_task(task).instruction if instruction is None else instruction
     builder = PromptBuilder(
         tokenizer, instruction=instruction, system_prompt=system_prompt,
         max_prompt_tokens=max_prompt_tokens, on_long_prompt="error", task=task,
@@ -232,7 +223,7 @@ def evaluate(
         "k": k,
         "n_problems": len(prompts),
         "limit": limit,
-        "mbpp_split": mbpp_split if task == "code" else None,
+        "mbpp_split": mbpp_split if get_task(task).runs_programs else None,
         "seed": seed,
         "decoding": {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
                      "max_new_tokens": max_new_tokens, "repetition_penalty": repetition_penalty},
@@ -346,10 +337,10 @@ def load_model(model_name_or_path: str, ckpt_path: str | None, dtype: str, devic
 
 
 def extract_answers(task: str, completions: Sequence[Sequence[str]]) -> list[list[str | None]]:
-    """Per problem and sample, the canonical final answer (math); all None for code (no answer to vote on)."""
-    if task == "code":
-        return [[None] * len(per_problem) for per_problem in completions]
-    return [[extract_answer(c) for c in per_problem] for per_problem in completions]
+    """Per problem and sample, the answer it votes with (math: the canonical final answer); all
+    None for code (no answer to vote on)."""
+    final_answer = get_task(task).final_answer
+    return [[final_answer(c) for c in per_problem] for per_problem in completions]
 
 
 def summarize(

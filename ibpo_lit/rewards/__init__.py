@@ -6,19 +6,19 @@ reward, built-in or ``package.module:function``, is loaded in the batch form eve
 ``REWARDS`` (a `Registry`, as the losses are) maps a name to an in-process function
 ``fn(completion, gold) -> float | None`` with no time limit; ``@REWARDS.register("name")`` adds one (``"math"`` is `math_score_inprocess`). To score with a hard timeout, run a reward
 by name in a `RewardPool` (worker processes, killed past the timeout); `math_score` and
-`math_scores` do that for "math" through a shared default pool.
+`math_scores` (`ibpo_lit.rewards.math_pool`) do that for "math" through a shared default pool.
 
 ``"code"`` is `code_reward`: the gold is `CodeTests.to_gold()` and the program runs in a sandbox
 with its own time limit (`ibpo_lit.rewards.code`); `run_tests` and `code_score` run tests given
 directly, and `SandboxPool` runs several programs at once and counts their statuses.
-`scoring_pool(reward, ...)` is the pool training and evaluation both score a reward with;
-`WeightedRewards` sums several (``model.rewards``).
+`WeightedRewards` sums several (``model.rewards``); the pool each reward is scored in is its
+task's (``ibpo_lit.tasks.scoring_pool``, the same in training and in evaluation).
 
 Keep this package light (no torch, no Lightning): pool workers import it.
 """
 from __future__ import annotations
 
-from ibpo_lit.registry import Registry
+from ibpo_lit.rewards.builtin import REWARDS, get_reward
 from ibpo_lit.rewards.code import (
     CodeResult,
     CodeTests,
@@ -39,29 +39,13 @@ from ibpo_lit.rewards.functions import (
 from ibpo_lit.rewards.math import (
     RewardFn,
     extract_gsm8k_gold,
-    math_score,
     math_score_inprocess,
-    math_scores,
 )
+from ibpo_lit.rewards.math_pool import math_score, math_scores
 from ibpo_lit.rewards.pool import RewardPool
 from ibpo_lit.rewards.sandbox.isolation import SandboxUnavailable
 from ibpo_lit.rewards.sandbox.pool import SandboxPool
-from ibpo_lit.rewards.scoring import WeightedRewards, scoring_pool
-
-# Every entry: fn(completion, gold) -> float | None, in-process, no time limit (pools add one).
-REWARDS = Registry("reward")
-REWARDS.register("math")(math_score_inprocess)
-REWARDS.register("code")(code_reward)
-
-
-def get_reward(name: str) -> RewardFn:
-    """The in-process verifier registered as ``name``: ``fn(completion, gold) -> float | None``.
-
-    Raises:
-        ValueError: if no verifier has that name (the message lists the valid names).
-    """
-    return REWARDS.get(name)
-
+from ibpo_lit.rewards.scoring import WeightedRewards
 
 __all__ = [
     "REWARDS",
@@ -76,7 +60,6 @@ __all__ = [
     "SandboxPool",
     "SandboxUnavailable",
     "WeightedRewards",
-    "scoring_pool",
     "code_reward",
     "code_score",
     "extract_code",

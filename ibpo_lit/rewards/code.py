@@ -86,13 +86,14 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ibpo_lit.rewards.sandbox.isolation import RUN_UID_RANGE, Isolation, SandboxUnavailable, detect_isolation, \
+from ibpo_lit.rewards.sandbox.isolation import RUN_UID_RANGE, Isolation, SandboxUnavailable, find_isolation, \
     remove_cgroup
 
 logger = logging.getLogger(__name__)
@@ -468,6 +469,27 @@ def _oom_kills(iso: Isolation, group: str) -> int:
         return 0
 
 
+_detected: Isolation | None = None
+_detect_lock = threading.Lock()
+
+
+def detect_isolation() -> Isolation:
+    """The isolation this process uses (found and probed on first call, then cached).
+
+    Raises:
+        SandboxUnavailable: no ``bwrap``, or it cannot create the namespaces here.
+    """
+    global _detected
+    with _detect_lock:
+        if _detected is None:
+            found = find_isolation()
+            probe(found)  # raises SandboxUnavailable with the judge's own words
+            for gap in found.gaps:
+                logger.warning("code sandbox: %s", gap)
+            _detected = found
+        return _detected
+
+
 def probe(iso: Isolation) -> None:
     """Score one trivial program end to end under ``iso``.
 
@@ -522,3 +544,8 @@ def code_reward(completion: str, gold: str) -> float | None:
     if spec.reward == "all":
         return 1.0 if result.passed == result.total else 0.0
     return result.fraction
+
+
+# Each program is bounded by its tests' own limits: `RewardPool` refuses a reward marked so (a
+# worker's timeout around the sandbox would be a second, shorter clock); its task's pool runs it.
+code_reward.runs_untrusted_code = True

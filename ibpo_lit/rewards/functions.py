@@ -36,6 +36,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from ibpo_lit.rewards.builtin import get_reward
+
 BatchRewardFn = Callable[..., Sequence[Any]]
 
 RESERVED_COLUMNS = ("prompts", "completions")
@@ -133,9 +135,6 @@ def load_reward(spec: str) -> BatchRewardFn:
         raise ValueError(f"a reward is a name or 'package.module:function', got {spec!r}")
     if is_import_path(spec):
         return import_reward(spec)
-    # Imported here: ibpo_lit.rewards imports the pools, which import this module.
-    from ibpo_lit.rewards import get_reward
-
     return per_item(get_reward(spec))
 
 
@@ -242,31 +241,3 @@ def combine(parts: Sequence[Sequence[Optional[float]]], weights: Sequence[float]
             total += w * values[i]
         out.append(total)
     return out
-
-
-# data.task when every reward is a function of the user's own (no built-in verifier scores the
-# prompts): records need no gold answer; prompts and corrections are answer-style, as for math.
-CUSTOM_TASK = "custom"
-
-
-def data_task(reward: Optional[str], rewards: Optional[Sequence[Any]] = None) -> str:
-    """``data.task`` from the rewards (linked in ``__main__``): ``code`` exactly when the code
-    reward is used (the prompts and corrections are then code prompts); ``custom`` when every
-    reward is an import path (records may lack an answer); otherwise the single built-in
-    reward's name, or ``math`` (several built-in rewards): answer-style prompts."""
-    names = [reward] if rewards is None else [_name_of(r) for r in rewards]
-    names = [n if n is not None else "math" for n in names] or ["math"]
-    if "code" in names:
-        return "code"
-    if all(isinstance(n, str) and is_import_path(n) for n in names):
-        return CUSTOM_TASK
-    if len(names) == 1 and isinstance(names[0], str):
-        return names[0]
-    return "math"
-
-
-def _name_of(reward: Any) -> Optional[str]:
-    """A reward's name as the parser holds it: a `RewardSpec`, a dict, or a jsonargparse
-    Namespace (``init_args.name`` while parsing)."""
-    reward = getattr(reward, "init_args", reward)
-    return reward.get("name") if isinstance(reward, dict) else getattr(reward, "name", None)

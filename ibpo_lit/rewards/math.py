@@ -8,11 +8,9 @@ What is covered:
   no answer, and None when the pair cannot be scored (the gold does not parse, or math-verify
   raises). It runs in the calling process with no time limit. It is what ``REWARDS["math"]``
   names, so it is what `RewardPool` workers run.
-- `math_score(completion, gold)` and the batched `math_scores(completions, golds)`: the same
-  score with a hard timeout (5 s per item): they go through a module-level `RewardPool("math")`,
-  created on first use and closed at exit. A timed-out item is None (unscorable). Each call is
-  one round trip to a worker process, so score a batch with `math_scores` (or your own
-  `RewardPool` with several workers) rather than calling `math_score` in a loop.
+- With a hard timeout: `ibpo_lit.rewards.math_pool` (`math_score`, `math_scores`), or a
+  `RewardPool("math")` of your own; training and evaluation use the math task's pool
+  (``ibpo_lit.tasks``).
 - Where the completion's answer is read from: our prompts ask for the answer after ``####``
   (GSM8K style), so when a completion contains ``####`` the first line after the last ``####`` is
   what is parsed. Otherwise math-verify's default extraction over the whole completion applies
@@ -40,15 +38,10 @@ What is not covered:
 """
 from __future__ import annotations
 
-import atexit
 import logging
-import os
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from sympy import Basic, Integer, Mul, Number, Pow, Rational, UnevaluatedExpr
-
-from ibpo_lit.rewards.pool import RewardPool
 
 logger = logging.getLogger(__name__)
 
@@ -175,45 +168,3 @@ def math_score_inprocess(completion: str, gold: str) -> float | None:
         logger.debug("math-verify failed on completion %r, gold %r", completion[-200:], gold, exc_info=True)
         return None
     return 1.0 if ok else 0.0
-
-
-_default_pool: RewardPool | None = None
-_default_pool_lock = threading.Lock()
-
-
-def _pool() -> RewardPool:
-    """The module-level math pool: created on first use (and again in a forked child)."""
-    global _default_pool
-    with _default_pool_lock:
-        if _default_pool is None or _default_pool._owner_pid != os.getpid():
-            _default_pool = RewardPool("math", num_workers=1, timeout_s=DEFAULT_TIMEOUT_S)
-            atexit.register(_default_pool.close)
-        return _default_pool
-
-
-def math_score(completion: str, gold: str) -> float | None:
-    """Score a completion against a gold answer: 1.0 correct, 0.0 wrong or no answer.
-
-    The score of `math_score_inprocess`, computed in a worker process that is killed after
-    ``DEFAULT_TIMEOUT_S`` seconds. Works from any thread.
-
-    Args:
-        completion: the model's response text.
-        gold: the gold final answer, plain or LaTeX ("72", "\\frac{1}{2}").
-
-    Returns:
-        1.0 or 0.0; None if the pair cannot be scored (gold unparseable, math-verify error,
-        timeout).
-    """
-    return _pool().score([(completion, gold)])[0]
-
-
-def math_scores(completions: Sequence[str], golds: Sequence[str]) -> list[float | None]:
-    """`math_score` over a batch, in one call to the module-level pool.
-
-    Raises:
-        ValueError: if the two sequences differ in length.
-    """
-    if len(completions) != len(golds):
-        raise ValueError(f"{len(completions)} completions but {len(golds)} golds")
-    return _pool().score(list(zip(completions, golds)))

@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Sequence
 
+from ibpo_lit.rewards.builtin import REWARDS
 from ibpo_lit.rewards.functions import (
     RewardOutputError,
     check_values,
@@ -140,11 +141,12 @@ class RewardPool:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or unset, got {batch_size}")
-        if reward == "code":
+        if reward in REWARDS and getattr(REWARDS[reward], "runs_untrusted_code", False):
             # A worker's timeout around the sandbox would be a second clock, shorter than the
             # program's own limits: a slow wrong program would come back unscorable (None), not 0.
-            raise ValueError("the code reward is scored by ibpo_lit.rewards.SandboxPool (scoring_pool('code')), "
-                             "whose limits are each program's own; a RewardPool timeout would cut it short")
+            raise ValueError(f"the {reward} reward is scored by ibpo_lit.rewards.SandboxPool "
+                             f"(ibpo_lit.tasks.scoring_pool({reward!r})), whose limits are each program's own; "
+                             "a RewardPool timeout would cut it short")
         self.import_modules = list(import_modules or [])
         for name in self.import_modules:
             importlib.import_module(name)

@@ -1,15 +1,11 @@
-"""The pools that score rewards, the same ones in training and in evaluation, and their sum.
+"""Several rewards summed with their weights (``model.rewards``).
 
-``code`` runs in a `SandboxPool`: every program is bounded by its own limits (its tests'
-``timeout_s`` and ``memory_mb``, the judge's watchdog) and killed with its sandbox, so a worker
-process around it would only add a process and a second, competing timeout. Every other reward
-(a name, or an import path ``package.module:function``) runs in a `RewardPool`: worker
-processes that call it in batches, killed past the timeout.
-
-Both answer ``score(pairs, prompts=None, columns=None) -> list[float | None]`` (None:
-unscorable; the sandbox needs only the (completion, gold) pairs), ``unscorable`` (counts by
-cause: ``timeout``, ``error``, ``none``), ``last_error`` (the latest failure's cause on one
-line, or None) and ``close()``.
+Each reward is scored in its own pool, made by the caller (``ibpo_lit.tasks.scoring_pool``: the
+sandbox for code, a `RewardPool` of worker processes for every other reward). The pools answer
+``score(pairs, prompts=None, columns=None) -> list[float | None]`` (None: unscorable; the sandbox
+needs only the (completion, gold) pairs), ``unscorable`` (counts by cause: ``timeout``,
+``error``, ``none``), ``last_error`` (the latest failure's cause on one line, or None) and
+``close()``.
 
 `WeightedRewards` scores several rewards, each in its own pool, one after the other, and sums
 them with their weights (`ibpo_lit.rewards.functions.combine`: a response unscorable in any
@@ -22,24 +18,6 @@ from typing import Callable, Optional, Sequence, Union
 from ibpo_lit.rewards.functions import RewardSpec, combine, reward_label
 from ibpo_lit.rewards.pool import RewardPool
 from ibpo_lit.rewards.sandbox.pool import SandboxPool
-
-
-class CodeSandboxPool(SandboxPool):
-    """The sandbox pool with the scoring pools' signature (the code reward reads only the gold)."""
-
-    def score(self, pairs, prompts=None, columns=None) -> list[float | None]:
-        return super().score(pairs)
-
-
-def scoring_pool(reward: str, num_workers: int = 1, timeout_s: float = 5.0,
-                 import_modules: Optional[list[str]] = None,
-                 batch_size: Optional[int] = None) -> Union[RewardPool, SandboxPool]:
-    """A pool for ``reward`` (``timeout_s``, ``import_modules`` and ``batch_size`` apply to
-    `RewardPool` only)."""
-    if reward == "code":
-        return CodeSandboxPool(num_workers=num_workers)
-    return RewardPool(reward, num_workers=num_workers, timeout_s=timeout_s, import_modules=import_modules,
-                      batch_size=batch_size)
 
 
 class WeightedRewards:

@@ -10,12 +10,10 @@ import yaml
 
 from callbacks.correction import CorrectionRollouts
 from ibpo_lit.config import IBPOConfig
-from ibpo_lit.data.correction_prompt import (
-    DEFAULT_SELF_REVISION_CODE_TEMPLATE,
-    DEFAULT_SELF_REVISION_TEMPLATE,
-    DEFAULT_TEMPLATE,
-    CorrectionPrompt,
-)
+from ibpo_lit.data.correction_prompt import CorrectionPrompt
+from ibpo_lit.tasks import CODE_REVISE_TEMPLATE as DEFAULT_SELF_REVISION_CODE_TEMPLATE
+from ibpo_lit.tasks import COMPARE_TEMPLATE as DEFAULT_TEMPLATE
+from ibpo_lit.tasks import REVISE_TEMPLATE as DEFAULT_SELF_REVISION_TEMPLATE
 from ibpo_lit.training.corrections import Corrector, choose_references, is_rewrite
 
 REPO = Path(__file__).resolve().parents[2]

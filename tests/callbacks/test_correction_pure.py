@@ -5,7 +5,8 @@ from types import SimpleNamespace
 import pytest
 
 from ibpo_lit.config import IBPOConfig
-from ibpo_lit.data.correction_prompt import DEFAULT_TEMPLATE, CorrectionPrompt
+from ibpo_lit.data.correction_prompt import CorrectionPrompt
+from ibpo_lit.tasks import COMPARE_TEMPLATE as DEFAULT_TEMPLATE
 from ibpo_lit.training.corrections import choose_references
 
 nan = math.nan

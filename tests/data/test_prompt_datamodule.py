@@ -185,7 +185,7 @@ def test_lightning_checkpoint_resume_is_exact(tmp_path):
         (dict(prompts_per_step=0), "prompts_per_step must be >= 1", ValueError),
         (dict(max_prompt_tokens=0), "max_prompt_tokens must be >= 1", ValueError),
         (dict(num_workers=-1), "num_workers must be >= 0", ValueError),
-        (dict(task="chess"), "unknown reward 'chess'", ValueError),
+        (dict(task="chess"), "unknown task 'chess'", ValueError),
         (dict(question_key=""), "question_key", ValueError),
     ],
 )

@@ -12,7 +12,7 @@ import pytest
 
 from ibpo_lit.data import PromptDataModule
 from ibpo_lit.data.correction_prompt import CorrectionPrompt
-from ibpo_lit.rewards.functions import CUSTOM_TASK
+from ibpo_lit.tasks import CUSTOM_TASK
 from ibpo_lit.data.prompt_builder import PromptBuilder
 from ibpo_lit.data.records import BadRecordError, RecordFormat, conversation_text, read_records, record_from_fields
 from ibpo_lit.models.tiny import build_tiny_tokenizer

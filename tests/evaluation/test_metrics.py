@@ -5,7 +5,7 @@ from math import comb
 import pytest
 import torch
 
-from ibpo_lit.evaluation.answers import extract_answer
+from ibpo_lit.rewards.answers import extract_answer
 from ibpo_lit.evaluation.metrics import (
     avg_at_k,
     correct_matrix,

@@ -1,7 +1,7 @@
 """evaluate() on code benchmarks: prompts, sandbox scores, pass@k by hand, errors."""
 import pytest
 
-from ibpo_lit.data.code_tasks import CODE_INSTRUCTION
+from ibpo_lit.tasks import CODE_INSTRUCTION
 from ibpo_lit.evaluation import runner
 from ibpo_lit.evaluation.runner import evaluate
 

@@ -3,7 +3,8 @@ import pytest
 
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.evaluation.runner import summarize
-from ibpo_lit.evaluation.scoring import Verdicts, code_verdict, score_samples, status_counts
+from ibpo_lit.evaluation.scoring import Verdicts, score_samples, status_counts
+from ibpo_lit.tasks import code_verdict
 from ibpo_lit.rewards.code import CodeResult, CodeTests
 
 ADD_GOLD = CodeTests(tests=("assert add(1, 2) == 3", "assert add(0, 0) == 0", "assert add(-1, 1) == 0"),
@@ -31,7 +32,7 @@ def test_code_verdict_and_status_counts():
 
 
 def test_code_samples_score_in_the_sandbox_and_give_hand_computed_metrics():
-    verdicts = score_samples("code", [ADD, SQUARE], [ADD_GOLD, SQUARE_GOLD], sandbox_workers=2)
+    verdicts = score_samples("code", [ADD, SQUARE], [ADD_GOLD, SQUARE_GOLD], workers=2)
     assert verdicts.scores == [[1.0, 0.0, 1.0], [0.0, 0.0, 0.0]]
     assert verdicts.test_fracs == [[1.0, pytest.approx(1 / 3), 1.0], [0.5, 0.0, 0.0]]
     assert verdicts.statuses == [["pass", "fail", "pass"], ["fail", "error", "timeout"]]
@@ -58,5 +59,5 @@ def test_unscorable_code_gold_is_none_not_zero():
 def test_math_samples_score_through_math_verify():
     verdicts = score_samples("math", [["#### 5", "#### 6"], ["\\boxed{\\frac{1}{2}}"]], ["5", "0.5"])
     assert verdicts == Verdicts(scores=[[1.0, 0.0], [1.0]])
-    with pytest.raises(ValueError, match="task must be one of"):
+    with pytest.raises(ValueError, match="unknown task"):
         score_samples("lean", [["x"]], ["y"])

@@ -1,7 +1,7 @@
 """Fixtures of the reward tests."""
 import pytest
 
-from ibpo_lit.rewards.sandbox.isolation import detect_isolation
+from ibpo_lit.rewards.code import detect_isolation
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ibpo_lit.rewards import CodeTests, SandboxPool
-from ibpo_lit.rewards.sandbox.isolation import detect_isolation
+from ibpo_lit.rewards.code import detect_isolation
 
 GOOD = "def add(a, b):\n    return a + b\n"
 TESTS = ["assert add(1, 2) == 3", "assert add(-4, 9) == 5"]

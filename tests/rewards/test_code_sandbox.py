@@ -17,13 +17,9 @@ from ibpo_lit.rewards import (
     get_reward,
     run_tests,
 )
-from ibpo_lit.rewards.code import probe
-from ibpo_lit.rewards.scoring import scoring_pool
-from ibpo_lit.rewards.sandbox.isolation import (
-    Isolation,
-    SandboxUnavailable,
-    detect_isolation,
-)
+from ibpo_lit.rewards.code import detect_isolation, probe
+from ibpo_lit.rewards.sandbox.isolation import Isolation, SandboxUnavailable
+from ibpo_lit.tasks import scoring_pool
 from ibpo_lit.rewards.sandbox.judge import free_names, module_names, outputs_match
 from ibpo_lit.rewards.sandbox.wire import (
     WireError,
@@ -374,7 +370,7 @@ def test_detected_isolation_as_root():
 
 
 def test_training_and_evaluation_score_code_with_one_pool():
-    from ibpo_lit.rewards import scoring_pool
+    from ibpo_lit.tasks import scoring_pool
     from ibpo_lit.rewards.pool import RewardPool
 
     gold = CodeTests(tests=ADD_TESTS, timeout_s=1.5, **ENTRY).to_gold()

@@ -105,7 +105,7 @@ def test_a_tiny_fit_with_a_failing_verifier(tmp_path, monkeypatch):
     import ibpo_lit.module
     from ibpo_lit.__main__ import main
     from ibpo_lit.module import IBPOModule
-    from ibpo_lit.rewards import scoring_pool
+    from ibpo_lit.tasks import scoring_pool
 
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
     monkeypatch.setenv(HANG_ONCE_ENV, str(tmp_path / "hung"))
@@ -340,7 +340,7 @@ def test_a_sandbox_that_cannot_run_is_unscorable_with_its_cause(monkeypatch, cap
 
     import ibpo_lit.rewards.sandbox.pool as sandbox_pool
     from ibpo_lit.rewards import CodeTests, SandboxUnavailable
-    from ibpo_lit.rewards.scoring import scoring_pool
+    from ibpo_lit.tasks import scoring_pool
 
     def unavailable(completion, spec):
         raise SandboxUnavailable("the code sandbox cannot run on this host (no user namespaces). See docs/sandbox.md.")

@@ -26,10 +26,10 @@ from ibpo_lit.rewards import (
 from ibpo_lit.rewards.functions import (
     check_values,
     combine,
-    data_task,
     reward_label,
     stack_columns,
 )
+from ibpo_lit.tasks import task_for_rewards as data_task
 
 MODULE = "ibpo_test_user_rewards"
 USER_REWARDS = '''
@@ -118,10 +118,11 @@ def test_combine_is_the_weighted_sum_and_any_unscorable_term_is_unscorable():
 
 
 def test_labels_columns_and_data_task():
+    # a built-in reward no task owns ("flaky") scores answer-style prompts: the math task's
     assert reward_label("math") == "math" and reward_label("pkg.mod:length_penalty") == "length_penalty"
     assert reward_label("pkg.mod:judge.score") == "score"
     assert stack_columns([{"a": 1, "b": 2}, {"a": 3}]) == {"a": [1, 3], "b": [2, None]}
-    assert data_task(None) == "math" and data_task("code") == "code" and data_task("flaky") == "flaky"
+    assert data_task(None) == "math" and data_task("code") == "code" and data_task("flaky") == "math"
     assert data_task("pkg.mod:fn") == "custom"  # rewards of the user's own only: records need no answer
     assert data_task(None, [{"name": "math"}, {"name": "code", "weight": 0.5}]) == "code"
     assert data_task(None, [RewardSpec("math"), RewardSpec("pkg.mod:fn")]) == "math"

