@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import codecs
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -292,10 +292,20 @@ def read_records(
     if on_bad_record not in BAD_RECORD_POLICIES:
         raise ValueError(f"on_bad_record must be one of {BAD_RECORD_POLICIES}, got {on_bad_record!r}")
     path = Path(path)
+    lines = json_lines(path)
+    yield from kept_records((lambda item=item: parse_record(item[1], path, item[0], fmt) for item in lines),
+                            path, on_bad_record, skipped)
+
+
+def kept_records(parsed: Iterable[Callable[[], Record]], where: Path | str, on_bad_record: BadRecordPolicy,
+                 skipped: list[BadRecordError] | None = None) -> Iterator[Record]:
+    """The bad-record policy, one rule for every reader (JSONL lines, table rows): each item of
+    ``parsed`` makes one record or raises `BadRecordError`; "error" re-raises it, "skip" drops it
+    (into ``skipped``). No record at all is an error either way, naming ``where``."""
     n_good = n_bad = 0
-    for line_no, raw in json_lines(path):
+    for parse in parsed:
         try:
-            record = parse_record(raw, path, line_no, fmt)
+            record = parse()
         except BadRecordError as e:
             if on_bad_record == "error":
                 raise
@@ -307,4 +317,4 @@ def read_records(
         yield record
     if n_good == 0:
         detail = f" ({n_bad} bad records skipped)" if n_bad else ""
-        raise BadRecordError(path, 0, None, f"no records in {path}{detail}")
+        raise BadRecordError(where, 0, None, f"no records in {where}{detail}")

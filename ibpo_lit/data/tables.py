@@ -38,6 +38,7 @@ from ibpo_lit.data.records import (
     BadRecordPolicy,
     Record,
     RecordFormat,
+    kept_records,
     read_records,
     record_from_fields,
 )
@@ -142,22 +143,9 @@ def load_table_records(
         return
     table, name = _load_table(path, source, file_fmt, config, split, role)
     _check_columns(table.column_names, fmt, name)
-    n_good = n_bad = 0
-    for row, obj in enumerate(table):
-        try:
-            record = record_from_fields(obj, fmt, name, row=row, uid=f"{name}:{row}")
-        except BadRecordError as e:
-            if on_bad_record == "error":
-                raise
-            n_bad += 1
-            if skipped is not None:
-                skipped.append(e)
-            continue
-        n_good += 1
-        yield record
-    if n_good == 0:
-        detail = f" ({n_bad} bad records skipped)" if n_bad else ""
-        raise BadRecordError(name, 0, None, f"no records in {name}{detail}")
+    rows = ((lambda row=row, obj=obj: record_from_fields(obj, fmt, name, row=row, uid=f"{name}:{row}"))
+            for row, obj in enumerate(table))
+    yield from kept_records(rows, name, on_bad_record, skipped)
 
 
 def _check_columns(columns: list[str], fmt: RecordFormat, name: str) -> None:
