@@ -4,8 +4,8 @@ import pytest
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.evaluation.runner import summarize
 from ibpo_lit.evaluation.scoring import Verdicts, score_samples, status_counts
-from ibpo_lit.tasks import code_verdict
 from ibpo_lit.rewards.code import CodeResult, CodeTests
+from ibpo_lit.tasks import code_verdict
 
 ADD_GOLD = CodeTests(tests=("assert add(1, 2) == 3", "assert add(0, 0) == 0", "assert add(-1, 1) == 0"),
                      remote=("add",)).to_gold()
