@@ -526,9 +526,7 @@ class IBPOModule(L.LightningModule):
                 del state[key]
         checkpoint["ibpo_lit"] = {
             "rollout_step": self.rollout_step,
-            "nonfinite_total": self.updater.nonfinite_total,
-            "weights_version": self.updater.weights_version,
-            "nonfinite_run": self.updater.nonfinite_run,
+            "update": self.updater.state_dict(),  # the weights' version, the non-finite counts
             "reward_counts": self._reward_totals(),
             "unscorable_streak": self.unscorable_streak.state_dict(),  # the same on every rank
             # The command line resumes logging into the same TensorBoard version (`run_state`).
@@ -545,9 +543,7 @@ class IBPOModule(L.LightningModule):
                              "without model.lora (resume it without model.lora)")
         state = checkpoint.get("ibpo_lit", {})
         self.rollout_step = state.get("rollout_step", 0)
-        self.updater.nonfinite_total = state.get("nonfinite_total", 0)
-        self.updater.weights_version = state.get("weights_version", 0)
-        self.updater.nonfinite_run = state.get("nonfinite_run", 0)
+        self.updater.load_state_dict(state.get("update", _flat_update_state(state)))
         self._reward_counts.update(state.get("reward_counts", {}))
         self.unscorable_streak.load_state_dict(state.get("unscorable_streak", {}))
         self._pending_rng_state = self._own_rng_state(state)
@@ -575,3 +571,9 @@ class IBPOModule(L.LightningModule):
             )
             return None
         return per_rank[self.global_rank]
+
+
+def _flat_update_state(state: dict) -> dict:
+    """`PolicyUpdate`'s counters in a checkpoint written before they had an entry of their own
+    (``update``): then they sat beside ``rollout_step``, under the same names."""
+    return {key: state[key] for key in ("weights_version", "nonfinite_run", "nonfinite_total") if key in state}

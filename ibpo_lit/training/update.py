@@ -11,7 +11,8 @@ collective, so every rank runs as many passes as the busiest one.
 
 It is given what it works with (the policy, its reference, the configs, and per step a
 `UpdateRuntime`: the collectives, the device, Lightning's ``manual_backward``), and keeps the
-counters a checkpoint saves (``weights_version``, the non-finite counts).
+counters a checkpoint saves (``weights_version``, the non-finite counts: ``state_dict`` /
+``load_state_dict``).
 """
 from __future__ import annotations
 
@@ -73,6 +74,19 @@ class PolicyUpdate:
         self.nonfinite_run = 0
         self.nonfinite_total = 0
         self._mismatch = [0.0, 0.0]  # (sum of |engine - trainer| log-prob, tokens) of this step
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, int]:
+        """The counters a checkpoint saves: the weights' version and the non-finite counts (a
+        resumed run's engine sync and its stop rule go on from them)."""
+        return {"weights_version": self.weights_version, "nonfinite_run": self.nonfinite_run,
+                "nonfinite_total": self.nonfinite_total}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Counters as `state_dict` wrote them; a missing one starts at 0 (a checkpoint from before it)."""
+        self.weights_version = int(state.get("weights_version", 0))
+        self.nonfinite_run = int(state.get("nonfinite_run", 0))
+        self.nonfinite_total = int(state.get("nonfinite_total", 0))
 
     @property
     def uniform_forwards(self) -> bool:

@@ -93,7 +93,7 @@ def test_tiny_vllm_fit_syncs_every_step_and_on_resume(tmp_path, tiny_vllm):
     fit("--trainer.max_steps", "3", "--ckpt_path", str(last))
     state = torch.load(last, weights_only=False)
     sync_state = next(v for k, v in state["callbacks"].items() if "VLLMWeightSync" in k)
-    assert state["ibpo_lit"]["weights_version"] == 3
+    assert state["ibpo_lit"]["update"]["weights_version"] == 3
     assert sync_state == {"synced_version": 3, "syncs": 5}  # + a forced sync at resume, + step 3
 
     scalars = _scalars(tmp_path / "lightning_logs")
