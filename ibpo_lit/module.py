@@ -52,7 +52,7 @@ from ibpo_lit.rewards import RewardSpec, WeightedRewards, resolve_specs, scoring
 from ibpo_lit.rollout.engine import RolloutEngine
 from ibpo_lit.rollout.hf import HFRolloutEngine
 from ibpo_lit.scale.collectives import RankSync
-from ibpo_lit.scale.fsdp2 import FSDP2Plan, fp32_rotary_buffers, is_sharded
+from ibpo_lit.scale.fsdp2 import FSDP2Plan, fp32_rotary_buffers
 from ibpo_lit.scale.launch_env import export_rank_env
 from ibpo_lit.scale.strategy import sharding_plan
 from ibpo_lit.training.assemble import assemble_update
@@ -188,7 +188,7 @@ class IBPOModule(L.LightningModule):
         self.group_filter = InformativeGroups(dynamic.max_rounds, pad_token_id=0) if dynamic.enabled else None  # pad: the tokenizer's, once loaded
         self._reward_counts = {"timeout": 0, "error": 0, "none": 0}  # unscorable, by cause, before a resume
         self._pending_rng_state: Optional[dict] = None  # restored before the first step after a resume
-        self.step_stats = StepStats()  # token counts and seconds of the last step (compute accounting)
+        self._step_stats = StepStats()  # token counts and seconds of the last step (compute accounting)
         self.settings_checked = False  # `check_fit_settings` done (by the command line, or in `setup`)
 
     # ----------------------------------------------------------------- setup
@@ -217,7 +217,6 @@ class IBPOModule(L.LightningModule):
                 self.ref_policy = self._load_policy()[0].requires_grad_(False)
             else:
                 self.ref_policy = copy.deepcopy(self.policy).requires_grad_(False)
-        self.updater.policy, self.updater.ref_policy = self.policy, self.ref_policy
         if trainer is not None and trainer.world_size > 1:
             export_rank_env(trainer)  # vLLM's external launcher reads RANK / LOCAL_RANK
         self.engine = self._build_engine()
@@ -245,9 +244,10 @@ class IBPOModule(L.LightningModule):
         return min(limits) if limits else None
 
     @property
-    def uniform_forwards(self) -> bool:
-        """Whether every forward of the policy is a collective (FSDP2): see `PolicyUpdate`."""
-        return is_sharded(self.policy)
+    def step_stats(self) -> StepStats:
+        """The last step's compute: its tokens by kind of pass and its seconds (read by
+        ``callbacks.ComputeBudgetStopper``; one object for the whole fit, reset at each step)."""
+        return self._step_stats
 
     @property
     def weights_version(self) -> int:
@@ -299,6 +299,10 @@ class IBPOModule(L.LightningModule):
     def on_fit_start(self) -> None:
         # After the strategy's precision plugin cast the module (bf16-true casts buffers too).
         fp32_rotary_buffers(self.policy)
+        # The update's models and what it needs from this fit's trainer, all known from here on
+        # (the strategy has placed the module); the same for every step of the fit.
+        self.updater.bind(self.policy, self.ref_policy, UpdateRuntime(
+            self.sync, self.trainer.world_size, self.device, self.manual_backward, self.step_stats))
 
     def configure_optimizers(self):
         return build_optimizer(self.policy, self.optim_cfg, self.trainer.max_steps)
@@ -307,9 +311,7 @@ class IBPOModule(L.LightningModule):
     def training_step(self, prompts: list[Prompt], batch_idx: int) -> None:
         self._restore_rng_once()
         clock = StepClock()
-        self.step_stats = StepStats()  # every forward of the step counts
-        self.updater.runtime = UpdateRuntime(self.sync, self.trainer.world_size, self.device, self.manual_backward,
-                                             self.step_stats)
+        self.step_stats.reset()  # every forward of the step counts
 
         # 1-2. rollouts, scored (a NaN reward is unscorable)
         rollouts, texts = self._generate(prompts)
@@ -477,7 +479,8 @@ class IBPOModule(L.LightningModule):
             return {"train/zero_adv_frac": float((update.advantages == 0).float().mean())}
         ciw = self.ciw_scorer(
             self.policy, update.batch.to(self.device), rows=(update.advantages != 0), step=self.rollout_step,
-            temperature=self.rollout_cfg.sampling.temperature, sync=self.sync if self.uniform_forwards else None,
+            temperature=self.rollout_cfg.sampling.temperature,
+            sync=self.sync if self.updater.uniform_forwards else None,
         )
         update.token_weights = ciw.weights if update.token_weights is None else update.token_weights * ciw.weights
         self.step_stats.no_grad_tokens += int(ciw.metrics.get("ciw/forward_tokens", 0))

@@ -42,14 +42,13 @@ def update(model):
 def _updater(model, beta_kl=0.0, micro_batch_size=3):
     updater = PolicyUpdate(AlgorithmConfig(beta_kl=beta_kl), RolloutConfig(micro_batch_size=micro_batch_size),
                            OptimConfig(), max_nonfinite_steps=5, logprob_chunk_tokens=None)
-    updater.policy = model
-    updater.ref_policy = None
+    ref = None
     if beta_kl > 0:  # a reference the policy has moved away from: the KL term has a gradient
-        updater.ref_policy = copy.deepcopy(model).requires_grad_(False)
+        ref = copy.deepcopy(model).requires_grad_(False)
         with torch.no_grad():
-            for p in updater.ref_policy.parameters():
+            for p in ref.parameters():
                 p.mul_(0.9)
-    updater.runtime = UpdateRuntime(step_stats=StepStats())
+    updater.bind(model, ref, UpdateRuntime(step_stats=StepStats()))
     return updater
 
 

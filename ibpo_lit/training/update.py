@@ -9,8 +9,9 @@ whose loss or gradient norm is not finite is skipped (on every rank) and counted
 ``max_nonfinite_steps`` of them in a row stop the run. Under FSDP2 every forward is a
 collective, so every rank runs as many passes as the busiest one.
 
-It is given what it works with (the policy, its reference, the configs, and per step a
-`UpdateRuntime`: the collectives, the device, Lightning's ``manual_backward``), and keeps the
+It is given what it works with: the configs when it is built, and once per fit (``bind``) the
+policy, its reference and an `UpdateRuntime` (the collectives, the device, Lightning's
+``manual_backward``, the step's token counters); it keeps the
 counters a checkpoint saves (``weights_version``, the non-finite counts: ``state_dict`` /
 ``load_state_dict``).
 """
@@ -40,13 +41,13 @@ class NonFiniteError(RuntimeError):
 
 @dataclass
 class UpdateRuntime:
-    """What an update needs from the running trainer, handed over at each step."""
+    """What an update needs from the running trainer, handed over once per fit (`PolicyUpdate.bind`)."""
 
     sync: RankSync = SINGLE_PROCESS
     world_size: int = 1
     device: torch.device = torch.device("cpu")
     backward: Callable[[Tensor], None] = Tensor.backward
-    step_stats: Optional[StepStats] = None  # the step's token counters (compute accounting)
+    step_stats: Optional[StepStats] = None  # the step's token counters (compute accounting), reset each step
 
 
 class PolicyUpdate:
@@ -87,6 +88,13 @@ class PolicyUpdate:
         self.weights_version = int(state.get("weights_version", 0))
         self.nonfinite_run = int(state.get("nonfinite_run", 0))
         self.nonfinite_total = int(state.get("nonfinite_total", 0))
+
+    def bind(self, policy: torch.nn.Module, ref_policy: Optional[torch.nn.Module], runtime: UpdateRuntime) -> None:
+        """Hand over what a fit provides, once its strategy has placed the models: the policy,
+        its frozen reference (None: no KL term, or a LoRA policy's base with the adapters off)
+        and the trainer's `UpdateRuntime`. The counters are left alone: a checkpoint may be
+        restored before this (one process) or after it (FSDP2)."""
+        self.policy, self.ref_policy, self.runtime = policy, ref_policy, runtime
 
     @property
     def uniform_forwards(self) -> bool:
