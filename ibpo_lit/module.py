@@ -185,7 +185,7 @@ class IBPOModule(L.LightningModule):
         self.rollout_step = 0  # rollout batches done; saved in checkpoints (seeds depend on it)
         dynamic = algorithm.dynamic_sampling
         # DAPO's dynamic sampling: the informative groups of the rounds before an update.
-        self.group_filter = InformativeGroups(dynamic.max_rounds, pad_token_id=0) if dynamic.enabled else None  # pad: the tokenizer's, once loaded
+        self.group_filter = InformativeGroups(dynamic.max_rounds) if dynamic.enabled else None
         self._reward_counts = {"timeout": 0, "error": 0, "none": 0}  # unscorable, by cause, before a resume
         self._pending_rng_state: Optional[dict] = None  # restored before the first step after a resume
         self._step_stats = StepStats()  # token counts and seconds of the last step (compute accounting)
@@ -202,8 +202,6 @@ class IBPOModule(L.LightningModule):
         trainer = self._trainer
         self._plan = sharding_plan(trainer.strategy) if trainer is not None else None
         self.policy, self.tokenizer = self._load_policy()
-        if self.group_filter is not None:
-            self.group_filter.pad_token_id = self.tokenizer.pad_token_id
         if self.lora is not None:
             self.policy = apply_lora(self.policy, self.lora)
         self.policy.train()  # from_pretrained returns eval mode; dropout is off either way (load_policy)
@@ -357,7 +355,8 @@ class IBPOModule(L.LightningModule):
         of the informative groups to update on with the rounds' metrics. Off: ``step`` as it is."""
         if self.group_filter is None:
             return step, metrics
-        step = self.group_filter.add(step, metrics, self.sync, self.global_rank)
+        step = self.group_filter.add(step, metrics, self.sync, self.global_rank,
+                                     pad_token_id=self.tokenizer.pad_token_id)
         if step is None:
             return None, metrics
         self._assemble(step)  # the joined groups' shaping and advantages (per group: unchanged)
