@@ -19,6 +19,11 @@ One ``training_step`` is one rollout batch (see README, "One training step"):
 The module orchestrates: loading, the engine, the order of the steps, logging, checkpoint
 state. The update loop and the step's parts live in ``ibpo_lit.training``, every formula in
 ``ibpo_lit.algorithms``.
+
+Callbacks get narrow views rather than the module's internals: `correction_context` and
+`weight_sync_context` (what correcting and syncing an engine need), ``updater``'s public methods
+(``PolicyUpdate.group_gradients`` for gradient diagnostics), and, to read only, ``step_stats``,
+``weights_version``, ``policy`` and ``tokenizer``.
 """
 from __future__ import annotations
 
@@ -51,6 +56,7 @@ from ibpo_lit.models.loading import (
 from ibpo_lit.rewards import RewardSpec, WeightedRewards, resolve_specs, scoring_pool
 from ibpo_lit.rollout.engine import RolloutEngine
 from ibpo_lit.rollout.hf import HFRolloutEngine
+from ibpo_lit.rollout.weights import WeightSyncContext
 from ibpo_lit.scale.collectives import RankSync
 from ibpo_lit.scale.fsdp2 import FSDP2Plan, fp32_rotary_buffers
 from ibpo_lit.scale.launch_env import export_rank_env
@@ -468,6 +474,14 @@ class IBPOModule(L.LightningModule):
         return CorrectionContext(
             tokenizer=self.tokenizer, generate=self.engine.generate, score=self.score, seed=self.rollout_cfg.seed,
             rank=self.global_rank, sampling=self.rollout_cfg.sampling, context_limit=self.context_limit,
+        )
+
+    def weight_sync_context(self) -> WeightSyncContext:
+        """What keeping a separate rollout engine on the policy's weights needs from the run, as
+        it is now (``callbacks.VLLMWeightSync``)."""
+        return WeightSyncContext(
+            engine=self.engine, policy=self.policy, tokenizer=self.tokenizer, weights_version=self.weights_version,
+            num_mini_batches=self.rollout_cfg.num_mini_batches, device=self.device, sync=self.sync,
         )
 
     def _ciw_weights(self, step: ScoredRollouts) -> dict[str, float]:
