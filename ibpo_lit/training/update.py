@@ -11,9 +11,9 @@ collective, so every rank runs as many passes as the busiest one.
 
 It is given what it works with: the configs when it is built, and once per fit (``bind``) the
 policy, its reference and an `UpdateRuntime` (the collectives, the device, Lightning's
-``manual_backward``, the step's token counters); it keeps the
-counters a checkpoint saves (``weights_version``, the non-finite counts: ``state_dict`` /
-``load_state_dict``).
+``manual_backward``, the step's token counters). It keeps the counters a checkpoint saves
+(``weights_version``, the non-finite counts: ``state_dict`` / ``load_state_dict``), and gives
+diagnostics per-group gradients by its own rules (``group_gradients``).
 """
 from __future__ import annotations
 
