@@ -78,8 +78,8 @@ class ComputeBudgetStopper(Callback):
         self._check_budget(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int) -> None:
-        stats = getattr(pl_module, "step_stats", None)
-        if getattr(stats, "step_seconds", None) is None:
+        stats = pl_module.step_stats  # the step's tokens and seconds (`IBPOModule.step_stats`)
+        if stats.step_seconds is None:
             if not self._warned_no_stats:
                 rank_zero_warn(
                     "ComputeBudgetStopper: the module reports no step_stats.step_seconds; compute is not counted."

@@ -6,10 +6,11 @@ yet updated), the rows of the update batch (rollouts and correction samples, zer
 rows included: the estimator is over the batch as sampled) are shuffled with a seeded
 generator and cut into ``K`` disjoint splits of near-equal size (``tensor_split``: sizes
 differ by at most one). Each split's gradient is the gradient of the configured loss averaged
-over that split alone (``PolicyUpdate.policy_loss``, on-policy: ``pi_old`` = the current
-weights, so this is the gradient of the step's first update), taken with
-``torch.autograd.grad`` on the selected parameters only, so the module's ``.grad`` buffers
-are untouched. ``diagnostics.gradient_variance`` turns the ``[K, D]`` gradients into
+over that split alone, on-policy (``pi_old`` = the current weights, so this is the gradient of
+the step's first update), on the selected parameters only: ``PolicyUpdate.group_gradients``
+(``torch.autograd.grad``, so the module's ``.grad`` buffers are untouched), the only thing of
+the module this callback calls besides reading ``policy``'s parameter names.
+``diagnostics.gradient_variance`` turns the ``[K, D]`` gradients into
 ``grad_var/trace``, ``grad_var/mean_sq_norm`` and ``grad_var/relative``; the seconds it costs
 are ``grad_var/seconds``.
 
@@ -17,11 +18,12 @@ With per-split means the size-weighted mean of the split gradients is the full-b
 gradient (the plain mean when the sizes are equal), so ``mean_sq_norm`` estimates the squared
 norm of the step's gradient.
 
-Cost and choices: ``K`` forward+backward passes over the batch, in the module's micro-batches;
-rows with zero advantage give exactly zero gradient without a KL term, so their forward is
-skipped (they still count in their split's mean), as the module does. ``param_filter`` (a
-regex searched in parameter names) and ``max_params`` (the first ``n`` selected tensors)
-keep ``D`` small on large models: the ``K`` flattened gradients are held in memory.
+Cost and choices: ``K`` forward+backward passes over the batch, in the update's micro-batches;
+rows with zero advantage give exactly zero gradient without a KL or entropy term, so their
+forward is skipped (they still count in their split's mean), by the update's own rule.
+``param_filter`` (a regex searched in parameter names) and ``max_params`` (the first ``n``
+selected tensors) keep ``D`` small on large models: the ``K`` flattened gradients are held in
+memory.
 
 Not covered: distributed runs (several processes): sharded parameters and per-rank batches
 would need collectives it does not do, so a run of several processes that lists it is refused
@@ -42,7 +44,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from ibpo_lit.algorithms.diagnostics import gradient_variance
-from ibpo_lit.training.step_types import ScoredRollouts, UpdateBatch
+from ibpo_lit.training.step_types import ScoredRollouts
 
 
 class GradientVarianceLogger(Callback):
@@ -103,7 +105,7 @@ class GradientVarianceLogger(Callback):
         start = time.perf_counter()
         names, params = self.select_parameters(pl_module.policy)
         splits = self.split_rows(n, self.num_splits, self.seed, step.step)
-        grads = torch.stack([self.split_gradient(pl_module, step.update, rows, params) for rows in splits])
+        grads = pl_module.updater.group_gradients(step.update, splits, params)  # [K, D], each split's own mean
         stats = gradient_variance(grads)
         seconds = time.perf_counter() - start
         self.last = {
@@ -145,42 +147,6 @@ class GradientVarianceLogger(Callback):
         near-equal parts (sizes differ by at most one)."""
         generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
         return list(torch.randperm(n, generator=generator).tensor_split(k))
-
-    @staticmethod
-    def split_gradient(pl_module, update: UpdateBatch, rows: Tensor, params: list[Tensor]) -> Tensor:
-        """[D] float32 flattened gradient of the loss averaged over ``rows`` alone, w.r.t. ``params``.
-
-        Accumulated over the module's micro-batches with the split's own denominators, so it
-        equals one forward of the whole split."""
-        device = pl_module.device
-        batch = update.batch.to(device)
-        advantages = update.advantages.to(device)
-        weights = update.token_weights.to(device) if update.token_weights is not None else None
-        rows = rows.to(device)
-        num_seqs = float(len(rows))
-        num_tokens = float(batch.response_mask[rows].sum())
-        updater = pl_module.updater
-        # zero advantage: zero gradient, unless a KL or entropy term is on
-        active = rows if updater.regularizer.needs_every_row else rows[advantages[rows] != 0]
-        micro_size = getattr(getattr(pl_module, "rollout_cfg", None), "micro_batch_size", None) or max(len(active), 1)
-
-        total = [torch.zeros_like(p, dtype=torch.float32) for p in params]
-        with torch.enable_grad():
-            for micro in active.split(micro_size) if len(active) else ():
-                loss, _ = updater.policy_loss(
-                    batch.select(micro),
-                    advantages[micro],
-                    weights[micro] if weights is not None else None,
-                    None,
-                    num_seqs=num_seqs,
-                    num_tokens=num_tokens,
-                    ref_logp=updater.ref_logprobs(batch.select(micro)),
-                )
-                grads = torch.autograd.grad(loss, params, allow_unused=True)
-                for acc, g in zip(total, grads):
-                    if g is not None:
-                        acc.add_(g.float())
-        return torch.cat([g.reshape(-1) for g in total])
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

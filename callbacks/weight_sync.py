@@ -38,6 +38,10 @@ without tripping on precision. Raise it for low-precision engines of large model
 always checked): the probe costs a short generation plus a trainer forward per sync, about
 5% of a SmolLM2 step on 2 CPU cores, which a long run may not want to pay every step.
 
+What it reads of the module: ``pl_module.weight_sync_context()`` (a `WeightSyncContext`: the
+engine, the policy, the tokenizer, the weights' version, mini-batches per update, the device,
+the collectives), nothing else.
+
 State saved in checkpoints: the weights version the engine last received and the number of
 syncs (only the count is read back: a resumed process's engine has received nothing yet).
 """
@@ -50,7 +54,7 @@ import lightning as L
 import torch
 
 from ibpo_lit.rollout.engine import SamplingConfig
-from ibpo_lit.rollout.weights import SyncManifest, iter_full_weights
+from ibpo_lit.rollout.weights import SyncManifest, WeightSyncContext, iter_full_weights
 from ibpo_lit.scale.fsdp2 import is_sharded
 from ibpo_lit.training.logprobs import response_logprobs
 
@@ -107,20 +111,22 @@ class VLLMWeightSync(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After any restore, before the first rollout: fresh start and resume alike.
-        if self.synced_version != pl_module.weights_version:
-            self.sync_engine(trainer, pl_module)
+        ctx = pl_module.weight_sync_context()
+        if self.synced_version != ctx.weights_version:
+            self.sync_engine(ctx)
 
     def on_before_update(self, trainer, pl_module, step) -> None:
-        engine = pl_module.engine
-        if not getattr(engine, "can_sleep", False):
+        ctx = pl_module.weight_sync_context()
+        if not getattr(ctx.engine, "can_sleep", False):
             return
-        ahead = pl_module.weights_version + pl_module.rollout_cfg.num_mini_batches - (self.synced_version or 0)
-        engine.sleep(level=2 if ahead >= self.every_n_steps else 1)
+        ahead = ctx.weights_version + ctx.num_mini_batches - (self.synced_version or 0)
+        ctx.engine.sleep(level=2 if ahead >= self.every_n_steps else 1)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        behind = pl_module.weights_version - (self.synced_version or 0)
-        if behind >= self.every_n_steps or getattr(pl_module.engine, "weights_discarded", False):
-            self.sync_engine(trainer, pl_module)
+        ctx = pl_module.weight_sync_context()
+        behind = ctx.weights_version - (self.synced_version or 0)
+        if behind >= self.every_n_steps or getattr(ctx.engine, "weights_discarded", False):
+            self.sync_engine(ctx)
             metrics = {"rollout/sync_s": self.last_seconds}
             if self.last_probed:
                 metrics["rollout/probe_mismatch"] = self.last_probe_mismatch
@@ -129,57 +135,56 @@ class VLLMWeightSync(L.Callback):
                 logger.log_metrics(metrics, step=trainer.global_step)
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        if self.synced_version != pl_module.weights_version:
-            self.sync_engine(trainer, pl_module)
+        ctx = pl_module.weight_sync_context()
+        if self.synced_version != ctx.weights_version:
+            self.sync_engine(ctx)
 
     # ------------------------------------------------------------------- sync
-    def sync_engine(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Stream the policy's weights into ``pl_module.engine`` and check the probe."""
-        engine = pl_module.engine
+    def sync_engine(self, ctx: WeightSyncContext) -> None:
+        """Stream the policy's weights into the engine and check the probe."""
         start = time.perf_counter()
         manifest = SyncManifest()
         with torch.no_grad():
-            engine.sync_weights(iter_full_weights(pl_module.policy, manifest))
+            ctx.engine.sync_weights(iter_full_weights(ctx.policy, manifest))
         self.last_seconds = time.perf_counter() - start
         if manifest.missing():
             raise StaleWeightsError(
                 f"the weight sync did not send {len(manifest.missing())} of the policy's tensors "
                 f"({', '.join(manifest.missing()[:5])}...): the engine would keep their old values"
             )
-        self.synced_version = pl_module.weights_version
+        self.synced_version = ctx.weights_version
         self.syncs += 1
         self.last_probed = bool(self.probe_tokens) and self.fit_syncs % self.probe_every_n_syncs == 0
         self.fit_syncs += 1
         if self.last_probed:
-            self.last_probe_mismatch = self.check_probe(pl_module)
+            self.last_probe_mismatch = self.check_probe(ctx)
 
-    def check_probe(self, pl_module: L.LightningModule) -> float:
+    def check_probe(self, ctx: WeightSyncContext) -> float:
         """Mean |engine - trainer| log-prob of the probe's sampled tokens, the worst over the
         run's processes; raises ``StaleWeightsError`` above the tolerance, on every process."""
-        ids = pl_module.tokenizer(self.probe_prompt, add_special_tokens=False)["input_ids"]
+        ids = ctx.tokenizer(self.probe_prompt, add_special_tokens=False)["input_ids"]
         sampling = SamplingConfig(temperature=1.0, max_new_tokens=self.probe_tokens)
-        batch = pl_module.engine.generate([ids], n=1, seeds=[self.probe_seed], sampling=sampling)
-        batch = batch.to(pl_module.device)
-        was_training = pl_module.policy.training
-        pl_module.policy.eval()
+        batch = ctx.engine.generate([ids], n=1, seeds=[self.probe_seed], sampling=sampling)
+        batch = batch.to(ctx.device)
+        was_training = ctx.policy.training
+        ctx.policy.eval()
         try:
             with torch.no_grad():
                 trainer_logp = response_logprobs(
-                    pl_module.policy, batch, temperature=1.0, single_pass=is_sharded(pl_module.policy)
+                    ctx.policy, batch, temperature=1.0, single_pass=is_sharded(ctx.policy)
                 ).float()
         finally:
-            pl_module.policy.train(was_training)
+            ctx.policy.train(was_training)
         mask = batch.response_mask
         mine = float(((trainer_logp - batch.rollout_logp).abs() * mask).sum() / mask.sum().clamp(min=1))
         # One verdict for every rank: a rank that raised alone would leave the others waiting
         # in their next collective. The worst rank decides (NaN worst of all).
-        sync = getattr(pl_module, "sync", None)
-        per_rank = sync.gather(mine) if sync is not None else [mine]
+        per_rank = ctx.sync.gather(mine)
         rank, mismatch = max(enumerate(per_rank), key=lambda item: math.inf if math.isnan(item[1]) else item[1])
         if not mismatch <= self.probe_tolerance:  # NaN fails too
             where = f" (process {rank} of {len(per_rank)})" if len(per_rank) > 1 else ""
             raise StaleWeightsError(
-                f"after syncing weights version {pl_module.weights_version}, the rollout engine's log-probs "
+                f"after syncing weights version {ctx.weights_version}, the rollout engine's log-probs "
                 f"on the probe prompt differ from the trainer's by {mismatch:.4f} per token{where} (tolerance "
                 f"{self.probe_tolerance}): the engine holds stale or wrongly loaded weights, and its rollouts "
                 "would not come from the policy being trained. Check rollout.vllm.dtype against model.dtype, "

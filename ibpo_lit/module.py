@@ -19,6 +19,11 @@ One ``training_step`` is one rollout batch (see README, "One training step"):
 The module orchestrates: loading, the engine, the order of the steps, logging, checkpoint
 state. The update loop and the step's parts live in ``ibpo_lit.training``, every formula in
 ``ibpo_lit.algorithms``.
+
+Callbacks get narrow views rather than the module's internals: `correction_context` and
+`weight_sync_context` (what correcting and syncing an engine need), ``updater``'s public methods
+(``PolicyUpdate.group_gradients`` for gradient diagnostics), and, to read only, ``step_stats``,
+``weights_version``, ``policy`` and ``tokenizer``.
 """
 from __future__ import annotations
 
@@ -51,8 +56,9 @@ from ibpo_lit.models.loading import (
 from ibpo_lit.rewards import RewardSpec, WeightedRewards, resolve_specs
 from ibpo_lit.rollout.engine import RolloutEngine
 from ibpo_lit.rollout.hf import HFRolloutEngine
+from ibpo_lit.rollout.weights import WeightSyncContext
 from ibpo_lit.scale.collectives import RankSync
-from ibpo_lit.scale.fsdp2 import FSDP2Plan, fp32_rotary_buffers, is_sharded
+from ibpo_lit.scale.fsdp2 import FSDP2Plan, fp32_rotary_buffers
 from ibpo_lit.scale.launch_env import export_rank_env
 from ibpo_lit.scale.strategy import sharding_plan
 from ibpo_lit.training.assemble import assemble_update
@@ -186,10 +192,10 @@ class IBPOModule(L.LightningModule):
         self.rollout_step = 0  # rollout batches done; saved in checkpoints (seeds depend on it)
         dynamic = algorithm.dynamic_sampling
         # DAPO's dynamic sampling: the informative groups of the rounds before an update.
-        self.group_filter = InformativeGroups(dynamic.max_rounds, pad_token_id=0) if dynamic.enabled else None  # pad: the tokenizer's, once loaded
+        self.group_filter = InformativeGroups(dynamic.max_rounds) if dynamic.enabled else None
         self._reward_counts = {"timeout": 0, "error": 0, "none": 0}  # unscorable, by cause, before a resume
         self._pending_rng_state: Optional[dict] = None  # restored before the first step after a resume
-        self.step_stats = StepStats()  # token counts and seconds of the last step (compute accounting)
+        self._step_stats = StepStats()  # token counts and seconds of the last step (compute accounting)
         self.settings_checked = False  # `check_fit_settings` done (by the command line, or in `setup`)
 
     # ----------------------------------------------------------------- setup
@@ -203,8 +209,6 @@ class IBPOModule(L.LightningModule):
         trainer = self._trainer
         self._plan = sharding_plan(trainer.strategy) if trainer is not None else None
         self.policy, self.tokenizer = self._load_policy()
-        if self.group_filter is not None:
-            self.group_filter.pad_token_id = self.tokenizer.pad_token_id
         if self.lora is not None:
             self.policy = apply_lora(self.policy, self.lora)
         self.policy.train()  # from_pretrained returns eval mode; dropout is off either way (load_policy)
@@ -218,7 +222,6 @@ class IBPOModule(L.LightningModule):
                 self.ref_policy = self._load_policy()[0].requires_grad_(False)
             else:
                 self.ref_policy = copy.deepcopy(self.policy).requires_grad_(False)
-        self.updater.policy, self.updater.ref_policy = self.policy, self.ref_policy
         if trainer is not None and trainer.world_size > 1:
             export_rank_env(trainer)  # vLLM's external launcher reads RANK / LOCAL_RANK
         self.engine = self._build_engine()
@@ -246,9 +249,10 @@ class IBPOModule(L.LightningModule):
         return min(limits) if limits else None
 
     @property
-    def uniform_forwards(self) -> bool:
-        """Whether every forward of the policy is a collective (FSDP2): see `PolicyUpdate`."""
-        return is_sharded(self.policy)
+    def step_stats(self) -> StepStats:
+        """The last step's compute: its tokens by kind of pass and its seconds (read by
+        ``callbacks.ComputeBudgetStopper``; one object for the whole fit, reset at each step)."""
+        return self._step_stats
 
     @property
     def weights_version(self) -> int:
@@ -300,6 +304,10 @@ class IBPOModule(L.LightningModule):
     def on_fit_start(self) -> None:
         # After the strategy's precision plugin cast the module (bf16-true casts buffers too).
         fp32_rotary_buffers(self.policy)
+        # The update's models and what it needs from this fit's trainer, all known from here on
+        # (the strategy has placed the module); the same for every step of the fit.
+        self.updater.bind(self.policy, self.ref_policy, UpdateRuntime(
+            self.sync, self.trainer.world_size, self.device, self.manual_backward, self.step_stats))
 
     def configure_optimizers(self):
         return build_optimizer(self.policy, self.optim_cfg, self.trainer.max_steps)
@@ -308,9 +316,7 @@ class IBPOModule(L.LightningModule):
     def training_step(self, prompts: list[Prompt], batch_idx: int) -> None:
         self._restore_rng_once()
         clock = StepClock()
-        self.step_stats = StepStats()  # every forward of the step counts
-        self.updater.runtime = UpdateRuntime(self.sync, self.trainer.world_size, self.device, self.manual_backward,
-                                             self.step_stats)
+        self.step_stats.reset()  # every forward of the step counts
 
         # 1-2. rollouts, scored (a NaN reward is unscorable)
         rollouts, texts = self._generate(prompts)
@@ -356,7 +362,8 @@ class IBPOModule(L.LightningModule):
         of the informative groups to update on with the rounds' metrics. Off: ``step`` as it is."""
         if self.group_filter is None:
             return step, metrics
-        step = self.group_filter.add(step, metrics, self.sync, self.global_rank)
+        step = self.group_filter.add(step, metrics, self.sync, self.global_rank,
+                                     pad_token_id=self.tokenizer.pad_token_id)
         if step is None:
             return None, metrics
         self._assemble(step)  # the joined groups' shaping and advantages (per group: unchanged)
@@ -470,6 +477,14 @@ class IBPOModule(L.LightningModule):
             rank=self.global_rank, sampling=self.rollout_cfg.sampling, context_limit=self.context_limit,
         )
 
+    def weight_sync_context(self) -> WeightSyncContext:
+        """What keeping a separate rollout engine on the policy's weights needs from the run, as
+        it is now (``callbacks.VLLMWeightSync``)."""
+        return WeightSyncContext(
+            engine=self.engine, policy=self.policy, tokenizer=self.tokenizer, weights_version=self.weights_version,
+            num_mini_batches=self.rollout_cfg.num_mini_batches, device=self.device, sync=self.sync,
+        )
+
     def _ciw_weights(self, step: ScoredRollouts) -> dict[str, float]:
         """CIW: pi_old's counterfactual drops weight the tokens of every row that gets a gradient
         (a zero-advantage row gets none, whatever its weights); multiplies into ``step.update``."""
@@ -478,7 +493,8 @@ class IBPOModule(L.LightningModule):
             return {"train/zero_adv_frac": float((update.advantages == 0).float().mean())}
         ciw = self.ciw_scorer(
             self.policy, update.batch.to(self.device), rows=(update.advantages != 0), step=self.rollout_step,
-            temperature=self.rollout_cfg.sampling.temperature, sync=self.sync if self.uniform_forwards else None,
+            temperature=self.rollout_cfg.sampling.temperature,
+            sync=self.sync if self.updater.uniform_forwards else None,
         )
         update.token_weights = ciw.weights if update.token_weights is None else update.token_weights * ciw.weights
         self.step_stats.no_grad_tokens += int(ciw.metrics.get("ciw/forward_tokens", 0))
@@ -527,9 +543,7 @@ class IBPOModule(L.LightningModule):
                 del state[key]
         checkpoint["ibpo_lit"] = {
             "rollout_step": self.rollout_step,
-            "nonfinite_total": self.updater.nonfinite_total,
-            "weights_version": self.updater.weights_version,
-            "nonfinite_run": self.updater.nonfinite_run,
+            "update": self.updater.state_dict(),  # the weights' version, the non-finite counts
             "reward_counts": self._reward_totals(),
             "unscorable_streak": self.unscorable_streak.state_dict(),  # the same on every rank
             # The command line resumes logging into the same TensorBoard version (`run_state`).
@@ -546,9 +560,7 @@ class IBPOModule(L.LightningModule):
                              "without model.lora (resume it without model.lora)")
         state = checkpoint.get("ibpo_lit", {})
         self.rollout_step = state.get("rollout_step", 0)
-        self.updater.nonfinite_total = state.get("nonfinite_total", 0)
-        self.updater.weights_version = state.get("weights_version", 0)
-        self.updater.nonfinite_run = state.get("nonfinite_run", 0)
+        self.updater.load_state_dict(state.get("update", _flat_update_state(state)))
         self._reward_counts.update(state.get("reward_counts", {}))
         self.unscorable_streak.load_state_dict(state.get("unscorable_streak", {}))
         self._pending_rng_state = self._own_rng_state(state)
@@ -576,3 +588,9 @@ class IBPOModule(L.LightningModule):
             )
             return None
         return per_rank[self.global_rank]
+
+
+def _flat_update_state(state: dict) -> dict:
+    """`PolicyUpdate`'s counters in a checkpoint written before they had an entry of their own
+    (``update``): then they sat beside ``rollout_step``, under the same names."""
+    return {key: state[key] for key in ("weights_version", "nonfinite_run", "nonfinite_total") if key in state}

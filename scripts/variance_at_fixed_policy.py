@@ -67,32 +67,19 @@ class GradientParts(Callback):
             load_checkpoint_weights(pl_module.policy, self.ckpt_path)
 
     def on_before_update(self, trainer, pl_module, step) -> None:
-        update, updater = step.update, pl_module.updater
+        update = step.update
         params = [p for name, p in pl_module.policy.named_parameters() if p.requires_grad and self.pattern.search(name)]
         if not params:
             raise ValueError(f"no trainable parameter matches --param_filter {self.pattern.pattern!r}")
-        device = pl_module.device
-        batch, advantages = update.batch.to(device), update.advantages.to(device)
-        weights = update.token_weights.to(device) if update.token_weights is not None else None
-        num_seqs, num_tokens = float(len(batch)), float(batch.response_mask.sum())
+        batch = update.batch
         # Rollout rows answer prompt group_index; correction rows are grouped by their prompt too
         # (algorithm.ibpo.grouping: prompt, the default), numbered after the rollouts'.
         n_rollouts = len(step.rollouts)
-        prompt_of = batch.group_index.clone()
-        parts = {}
-        for p, prompt in enumerate(step.prompts):
-            rows = torch.nonzero((prompt_of == p) & (advantages != 0)).flatten()
-            grad = torch.zeros(sum(x.numel() for x in params), dtype=torch.float32)
-            if len(rows):
-                with torch.enable_grad():
-                    loss, _ = updater.policy_loss(batch.select(rows), advantages[rows],
-                                                  weights[rows] if weights is not None else None, None,
-                                                  num_seqs=num_seqs, num_tokens=num_tokens, bookkeeping=False,
-                                                  ref_logp=updater.ref_logprobs(batch.select(rows)))
-                    grads = torch.autograd.grad(loss, params, allow_unused=True)
-                grad = torch.cat([(g if g is not None else torch.zeros_like(x)).float().reshape(-1).cpu()
-                                  for g, x in zip(grads, params)])
-            parts[prompt.uid] = grad
+        prompt_of = batch.group_index.cpu()
+        groups = [torch.nonzero(prompt_of == p).flatten() for p in range(len(step.prompts))]
+        # the batch's own denominators: each prompt's part, the parts summing to the batch's gradient
+        grads = pl_module.updater.group_gradients(update, groups, params, denominators="batch").cpu()
+        parts = {prompt.uid: grads[p] for p, prompt in enumerate(step.prompts)}
         self.parts.append(parts)
         self.rows.append(len(batch))
         # Methods at the same G sample the same rollouts in batch m (the seeds are a function of

@@ -119,11 +119,11 @@ def test_fewer_informative_groups_than_wanted_warn_on_rank_zero_only(caplog):
 
     caplog.set_level(logging.WARNING, logger=SHORT)
     for rank, warned in ((1, 0), (0, 1)):
-        groups = InformativeGroups(2, pad_token_id=0)
+        groups = InformativeGroups(2)
         for s, rewards in enumerate(([1, 1, 1, 1], [1, 0, 1, 1])):  # 2 prompts a round: 1 informative in 2 rounds
             step = _step(rewards, step=s)
             assemble_update(step, IBPO, pad_token_id=0)
-            update = groups.add(step, {}, RankSync(), rank=rank)
+            update = groups.add(step, {}, RankSync(), rank=rank, pad_token_id=0)
         assert [p.uid for p in update.prompts] == ["p1-0"]
         assert groups.metrics()["train/missing_groups"] == 1
         assert len(_shortfalls(caplog)) == warned

@@ -91,7 +91,7 @@ def test_cut_and_joined_steps_keep_each_groups_advantages_and_corrections():
 
 
 def _filter(max_rounds=3):
-    return InformativeGroups(max_rounds, pad_token_id=0)
+    return InformativeGroups(max_rounds)
 
 
 def test_the_batch_is_refilled_until_it_holds_the_configured_groups():
@@ -99,10 +99,10 @@ def test_the_batch_is_refilled_until_it_holds_the_configured_groups():
     # 2 prompts per step: round 0 has one informative group, round 1 two (one is surplus)
     first = _step([1, 1, 1, 0], step=0)
     assemble_update(first, IBPO, pad_token_id=0)
-    assert groups.add(first, {"train/reward": 0.75, "train/unscorable": 0.0}, sync) is None
+    assert groups.add(first, {"train/reward": 0.75, "train/unscorable": 0.0}, sync, pad_token_id=0) is None
     second = _step([0, 1, 1, 0], step=1)
     assemble_update(second, IBPO, pad_token_id=0)
-    update = groups.add(second, {"train/reward": 0.5, "train/unscorable": 1.0}, sync)
+    update = groups.add(second, {"train/reward": 0.5, "train/unscorable": 1.0}, sync, pad_token_id=0)
     assert [p.uid for p in update.prompts] == ["p0-1", "p1-0"]  # the first two, in order; p1-1 dropped
     metrics = groups.metrics()
     assert metrics["train/generation_rounds"] == 2 and metrics["train/filtered_groups"] == 1
@@ -116,13 +116,13 @@ def test_the_cap_trains_what_was_found_and_an_empty_cap_the_last_round():
     for s, rewards in enumerate(([1, 1, 1, 1], [1, 0, 0, 0])):
         step = _step(rewards, step=s)
         assemble_update(step, IBPO, pad_token_id=0)
-        update = groups.add(step, {}, RankSync())
+        update = groups.add(step, {}, RankSync(), pad_token_id=0)
     assert [p.uid for p in update.prompts] == ["p1-0"]
     assert groups.metrics()["train/trained_groups"] == 1
     for s in range(2):
         last = _step([1, 1, 1, 1], step=s)
         assemble_update(last, IBPO, pad_token_id=0)
-        update = groups.add(last, {}, RankSync())
+        update = groups.add(last, {}, RankSync(), pad_token_id=0)
     assert update is last  # nothing informative at the cap: the last round as it is (no gradient)
 
 
@@ -130,13 +130,13 @@ def test_rounds_in_progress_survive_a_checkpoint():
     groups = _filter()
     step = _step([1, 0, 1, 1], step=0)
     assemble_update(step, IBPO, pad_token_id=0)
-    assert groups.add(step, {"train/reward": 0.75}, RankSync()) is None
+    assert groups.add(step, {"train/reward": 0.75}, RankSync(), pad_token_id=0) is None
     saved = groups.state_dict()
     restored = _filter()
     restored.load_state_dict(torch.load(_roundtrip(saved), weights_only=False))
     nxt = _step([0, 1, 0, 0], step=1)
     assemble_update(nxt, IBPO, pad_token_id=0)
-    update = restored.add(nxt, {"train/reward": 0.25}, RankSync())
+    update = restored.add(nxt, {"train/reward": 0.25}, RankSync(), pad_token_id=0)
     assert [p.uid for p in update.prompts] == ["p0-0", "p1-0"]
     assert restored.metrics()["train/reward"] == pytest.approx(0.5)
 

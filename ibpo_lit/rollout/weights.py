@@ -27,14 +27,21 @@ in its checkpoint). Non-persistent buffers (rotary ``inv_freq``) are not weights
 `SyncManifest` records what one pass yielded, so a caller can check that every parameter of the
 model reached the engine (one stale tensor, such as an embedding the iterator never reached,
 would otherwise go unnoticed by a short probe at a small learning rate).
+
+`WeightSyncContext` is what a weight sync needs from the run (the engine, the policy, which
+weights it holds, ...), built by the module (`IBPOModule.weight_sync_context`) each time the
+weight-sync callback asks, so the callback never reaches into the module.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor
+
+from ibpo_lit.rollout.engine import RolloutEngine
+from ibpo_lit.scale.collectives import RankSync
 
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.", "module.")
 
@@ -56,6 +63,20 @@ class SyncManifest:
     def missing(self) -> list[str]:
         """The model's tensors that were not yielded (an incomplete sync)."""
         return sorted(self.expected - self.sent_model_names)
+
+
+@dataclass(frozen=True)
+class WeightSyncContext:
+    """What keeping a separate rollout engine on the policy's weights needs from the run, as it
+    is when asked for (``callbacks.VLLMWeightSync`` reads nothing else of the module)."""
+
+    engine: RolloutEngine  # sync_weights(named tensors), generate(...); sleep(level) where it can_sleep
+    policy: torch.nn.Module  # the trained model: its weights are sent, its forward checks the probe
+    tokenizer: Any  # encodes the probe prompt
+    weights_version: int  # optimizer steps taken (skipped ones excluded): the weights the policy holds
+    num_mini_batches: int  # optimizer steps each update takes
+    device: torch.device  # where the trainer's probe forward runs
+    sync: RankSync  # the run's collectives: every rank takes the worst rank's probe verdict
 
 
 def expected_tensor_names(model: torch.nn.Module) -> set[str]:

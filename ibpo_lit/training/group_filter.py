@@ -147,12 +147,10 @@ class InformativeGroups:
 
     Args:
         max_rounds: Generation rounds per update at most.
-        pad_token_id: Pads joined rollout batches.
     """
 
-    def __init__(self, max_rounds: int, pad_token_id: int) -> None:
+    def __init__(self, max_rounds: int) -> None:
         self.max_rounds = max_rounds
-        self.pad_token_id = pad_token_id
         self.reset()
 
     def reset(self) -> None:
@@ -164,11 +162,14 @@ class InformativeGroups:
         self.used = 0  # informative groups the update trains (all ranks)
         self.target = 0  # informative groups an update wants (all ranks)
 
-    def add(self, step: ScoredRollouts, metrics: dict[str, float], sync, rank: int = 0) -> Optional[ScoredRollouts]:
+    def add(self, step: ScoredRollouts, metrics: dict[str, float], sync, rank: int = 0, *,
+            pad_token_id: int) -> Optional[ScoredRollouts]:
         """Take an assembled round (and its ``assemble_update`` metrics); the step to update on
         once enough informative groups are in (or the cap is reached), else None. Every rank
         calls it every round, with the run's ``RankSync`` (one collective per round, one gather
-        at the update), and gets the same answer."""
+        at the update), and gets the same answer. ``pad_token_id`` pads the joined rollouts (the
+        tokenizer's: given here, like `assemble_update`'s, so the filter is whole from the
+        start)."""
         keep = informative_groups(step)
         groups = torch.nonzero(keep).flatten().tolist()
         if groups:
@@ -188,7 +189,7 @@ class InformativeGroups:
             return step
         everyone = sync.gather(self.kept)  # [rank] -> [(round, step)]
         ordered = [s for round_ in range(self.rounds) for mine in everyone for r, s in mine if r == round_]
-        joined = concat_steps(ordered, self.pad_token_id)
+        joined = concat_steps(ordered, pad_token_id)
         self.used = min(self.total, target)
         share = torch.arange(self.used).tensor_split(world)[rank if world > 1 else 0].tolist()
         return select_groups(joined, share)

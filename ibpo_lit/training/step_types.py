@@ -9,7 +9,7 @@ responses, ``Lr`` padded response length, ``C`` correction samples.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from torch import Tensor
@@ -34,6 +34,12 @@ class StepStats:
     trained_tokens: int = 0  # prompt + response tokens of every forward with gradient
     no_grad_tokens: int = 0  # ... and without (pi_old, the mismatch probe, CIW)
     step_seconds: Optional[float] = None  # None until the step's rollouts are scored
+
+    def reset(self) -> None:
+        """Every count back to its start, for a new step: in place, because the update's
+        `UpdateRuntime` holds this object for the whole fit."""
+        for f in fields(self):
+            setattr(self, f.name, f.default)
 
 
 @dataclass

@@ -9,15 +9,17 @@ whose loss or gradient norm is not finite is skipped (on every rank) and counted
 ``max_nonfinite_steps`` of them in a row stop the run. Under FSDP2 every forward is a
 collective, so every rank runs as many passes as the busiest one.
 
-It is given what it works with (the policy, its reference, the configs, and per step a
-`UpdateRuntime`: the collectives, the device, Lightning's ``manual_backward``), and keeps the
-counters a checkpoint saves (``weights_version``, the non-finite counts).
+It is given what it works with: the configs when it is built, and once per fit (``bind``) the
+policy, its reference and an `UpdateRuntime` (the collectives, the device, Lightning's
+``manual_backward``, the step's token counters). It keeps the counters a checkpoint saves
+(``weights_version``, the non-finite counts: ``state_dict`` / ``load_state_dict``), and gives
+diagnostics per-group gradients by its own rules (``group_gradients``).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -39,13 +41,13 @@ class NonFiniteError(RuntimeError):
 
 @dataclass
 class UpdateRuntime:
-    """What an update needs from the running trainer, handed over at each step."""
+    """What an update needs from the running trainer, handed over once per fit (`PolicyUpdate.bind`)."""
 
     sync: RankSync = SINGLE_PROCESS
     world_size: int = 1
     device: torch.device = torch.device("cpu")
     backward: Callable[[Tensor], None] = Tensor.backward
-    step_stats: Optional[StepStats] = None  # the step's token counters (compute accounting)
+    step_stats: Optional[StepStats] = None  # the step's token counters (compute accounting), reset each step
 
 
 class PolicyUpdate:
@@ -73,6 +75,26 @@ class PolicyUpdate:
         self.nonfinite_run = 0
         self.nonfinite_total = 0
         self._mismatch = [0.0, 0.0]  # (sum of |engine - trainer| log-prob, tokens) of this step
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, int]:
+        """The counters a checkpoint saves: the weights' version and the non-finite counts (a
+        resumed run's engine sync and its stop rule go on from them)."""
+        return {"weights_version": self.weights_version, "nonfinite_run": self.nonfinite_run,
+                "nonfinite_total": self.nonfinite_total}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Counters as `state_dict` wrote them; a missing one starts at 0 (a checkpoint from before it)."""
+        self.weights_version = int(state.get("weights_version", 0))
+        self.nonfinite_run = int(state.get("nonfinite_run", 0))
+        self.nonfinite_total = int(state.get("nonfinite_total", 0))
+
+    def bind(self, policy: torch.nn.Module, ref_policy: Optional[torch.nn.Module], runtime: UpdateRuntime) -> None:
+        """Hand over what a fit provides, once its strategy has placed the models: the policy,
+        its frozen reference (None: no KL term, or a LoRA policy's base with the adapters off)
+        and the trainer's `UpdateRuntime`. The counters are left alone: a checkpoint may be
+        restored before this (one process) or after it (FSDP2)."""
+        self.policy, self.ref_policy, self.runtime = policy, ref_policy, runtime
 
     @property
     def uniform_forwards(self) -> bool:
@@ -131,7 +153,7 @@ class PolicyUpdate:
 
     def _mini_batch(self, batch, advantages, token_weights, old_logp, ref_logp, rows, optimizer,
                     scheduler) -> dict[str, float]:
-        cfg, sync = self.rollout_cfg, self.runtime.sync
+        sync = self.runtime.sync
         optimizer.zero_grad(set_to_none=True)
 
         # Global denominators: every micro-batch loss is a share of the mini-batch loss, over
@@ -139,16 +161,10 @@ class PolicyUpdate:
         # loss is scaled by the number of ranks to make the sum of shares the global mean.
         world = self.runtime.world_size
         num_seqs, num_tokens = sync.sum([float(len(rows)), float(batch.response_mask[rows].sum())])
-        # A row with zero advantage contributes exactly zero loss and gradient (without a KL or
-        # entropy term): skip its forward pass, but keep it in the denominators above.
-        active = rows if self.regularizer.needs_every_row else rows[advantages[rows] != 0]
-        active = active[batch.response_mask[active].any(dim=1)]  # no token in the loss (masked out): nothing to add
-        lengths = batch.response_mask[active].sum(dim=1) + batch.prompt_mask[active].sum(dim=1)
-        active = active[torch.argsort(lengths, stable=True)]  # similar lengths share a micro-batch: less padding
+        active = self._trained_rows(rows, batch, advantages)  # the others stay in the denominators above
 
         loss_total, weighted = 0.0, {}
-        # (torch.split of an empty tensor yields one empty chunk, hence the guard)
-        micros = list(active.split(cfg.micro_batch_size)) if len(active) else []
+        micros = self._micro_batches(active)
         # Under DDP/FSDP every backward (and under FSDP every forward) is a collective: all
         # ranks run as many micro-batches as the busiest one, the others with passes whose loss
         # is multiplied by 0 (the same forwards, nothing added to the gradient).
@@ -199,6 +215,72 @@ class PolicyUpdate:
         out = {(k if "/" in k else f"train/{k}"): v / max(len(active), 1) for k, v in weighted.items()}
         out.update({"train/loss": loss_total, "train/grad_norm": grad_norm, "train/lr": scheduler.get_last_lr()[0]})
         return out
+
+    def _trained_rows(self, rows: Tensor, batch: RolloutBatch, advantages: Tensor) -> Tensor:
+        """The rows of ``rows`` whose forward can change the loss, shortest first: the one rule
+        for which rows an update (and `group_gradients`) forwards.
+
+        A row with zero advantage contributes exactly zero loss and gradient (without a KL or
+        entropy term), and a row with no response token in the loss (all masked out) nothing at
+        all: their forwards are skipped, while the caller keeps them in its denominators. Sorted
+        by prompt + response length (stable), so that a micro-batch's rows need less padding."""
+        active = rows if self.regularizer.needs_every_row else rows[advantages[rows] != 0]
+        active = active[batch.response_mask[active].any(dim=1)]
+        lengths = batch.response_mask[active].sum(dim=1) + batch.prompt_mask[active].sum(dim=1)
+        return active[torch.argsort(lengths, stable=True)]
+
+    def _micro_batches(self, rows: Tensor) -> list[Tensor]:
+        """``rows`` cut into micro-batches of ``rollout.micro_batch_size``; none when ``rows`` is
+        empty (torch.split of an empty tensor yields one empty chunk)."""
+        return list(rows.split(self.rollout_cfg.micro_batch_size)) if len(rows) else []
+
+    # ------------------------------------------------------------------ diagnostics
+    def group_gradients(self, update: UpdateBatch, groups: Sequence[Tensor], params: Sequence[Tensor],
+                        denominators: str = "group") -> Tensor:
+        """[K, D] float32: for each of the ``K`` groups of rows of ``update`` (index tensors), the
+        gradient of the policy loss over that group alone with respect to ``params`` (flattened
+        and concatenated: ``D`` is their total size), at the current weights and on-policy
+        (``pi_old`` = these weights: the gradient of the step's first update).
+
+        ``denominators``: ``"group"`` averages each group's loss over its own rows and tokens
+        (each group's mean gradient; ``GradientVarianceLogger``'s splits); ``"batch"`` over the
+        whole update's (each group's share of the batch's gradient: groups that partition the
+        rows add up to it; ``scripts/variance_at_fixed_policy.py``'s prompts).
+
+        The forwards are an update's: the same rows skipped (zero advantage without a KL or
+        entropy term, no response token), the same micro-batches, the reference's log-probs when
+        a KL term needs them. Taken with ``torch.autograd.grad``: the parameters' ``.grad`` stay
+        as they are and nothing steps. Not counted in ``step_stats``: a diagnostic, not the
+        training's compute. This process's rows only, with no collective: one process, or
+        forwards that are not collectives."""
+        if denominators not in ("group", "batch"):
+            raise ValueError(f"group_gradients: denominators must be 'group' or 'batch', got {denominators!r}")
+        device = self.runtime.device
+        batch = update.batch.to(device)
+        advantages = update.advantages.to(device)
+        weights = update.token_weights.to(device) if update.token_weights is not None else None
+        params = list(params)
+        every = torch.arange(len(batch), device=device)
+        out = []
+        for rows in groups:
+            rows = rows.to(device)
+            counted = rows if denominators == "group" else every
+            num_seqs, num_tokens = float(len(counted)), float(batch.response_mask[counted].sum())
+            total = [torch.zeros_like(p, dtype=torch.float32) for p in params]
+            for micro in self._micro_batches(self._trained_rows(rows, batch, advantages)):
+                part = batch.select(micro)
+                with torch.enable_grad():
+                    loss, _ = self.policy_loss(
+                        part, advantages[micro], weights[micro] if weights is not None else None,
+                        num_seqs=num_seqs, num_tokens=num_tokens, bookkeeping=False,
+                        ref_logp=self.ref_logprobs(part, count=False),
+                    )
+                    grads = torch.autograd.grad(loss, params, allow_unused=True)
+                for acc, grad in zip(total, grads):
+                    if grad is not None:  # a parameter this loss does not reach: zero
+                        acc.add_(grad.float())
+            out.append(torch.cat([g.reshape(-1) for g in total]))
+        return torch.stack(out)
 
     # ------------------------------------------------------------------ the loss
     def policy_loss(
@@ -251,20 +333,22 @@ class PolicyUpdate:
         return response_logprobs(model, batch, self.temperature, single_pass=self.uniform_forwards,
                                  chunk_tokens=self.logprob_chunk_tokens)
 
-    def ref_logprobs(self, batch: RolloutBatch) -> Optional[Tensor]:
+    def ref_logprobs(self, batch: RolloutBatch, count: bool = True) -> Optional[Tensor]:
         """The reference's log-probs [B, Lr] of ``batch`` when a KL term needs them, else None.
-        A LoRA policy's reference is its base, adapters off (no copy of the model)."""
+        A LoRA policy's reference is its base, adapters off (no copy of the model). ``count``:
+        add these forwards to ``step_stats``."""
         if not self.regularizer.needs_ref_logp:
             return None
         if self.ref_policy is None and is_lora(self.policy):
             with reference_of(self.policy) as base:
-                return self.logprobs_no_grad(base, batch)
-        return self.logprobs_no_grad(self.ref_policy, batch)
+                return self.logprobs_no_grad(base, batch, count)
+        return self.logprobs_no_grad(self.ref_policy, batch, count)
 
     @torch.no_grad()
-    def logprobs_no_grad(self, model: torch.nn.Module, batch: RolloutBatch) -> Tensor:
+    def logprobs_no_grad(self, model: torch.nn.Module, batch: RolloutBatch, count: bool = True) -> Tensor:
         """Log-probs [B, Lr] in micro-batches; with collective forwards every rank runs as many
-        passes as the busiest (the extra ones on its first row, discarded)."""
+        passes as the busiest (the extra ones on its first row, discarded). ``count``: add these
+        forwards to ``step_stats`` (the step's compute)."""
         size = self.rollout_cfg.micro_batch_size
         chunks = list(torch.arange(len(batch), device=batch.response_ids.device).split(size))
         passes = self.runtime.sync.max(len(chunks)) if self.uniform_forwards else len(chunks)
@@ -275,7 +359,8 @@ class PolicyUpdate:
                 continue
             logp = self.logprobs(model, batch.select(chunks[index]))
             out.append(torch.nn.functional.pad(logp, (0, batch.response_ids.shape[1] - logp.shape[1])))
-            self._count(batch.select(chunks[index]), trained=False)
+            if count:
+                self._count(batch.select(chunks[index]), trained=False)
         if not out:
             return torch.zeros(batch.response_ids.shape, dtype=torch.float32, device=batch.response_ids.device)
         return torch.cat(out)
@@ -307,10 +392,8 @@ class PolicyUpdate:
         the optimizer step (on every rank when forwards are collectives and any rank needs it)."""
         if self.rollout_cfg.old_logp != "trainer":
             return
-        forwarded = batch.response_mask.any(dim=1)
-        if not self.regularizer.needs_every_row:
-            forwarded = forwarded & (advantages != 0)
-        needed = len(batch) > 0 and not bool(forwarded.any())
+        every = torch.arange(len(batch), device=batch.prompt_ids.device)
+        needed = len(batch) > 0 and len(self._trained_rows(every, batch, advantages)) == 0
         probe = batch.select(torch.arange(max(min(len(batch), self.rollout_cfg.micro_batch_size), 1),
                                           device=batch.prompt_ids.device))
         if self.uniform_forwards and self.runtime.sync.any(needed):

@@ -1,6 +1,7 @@
 """VLLMWeightSync: the probe catches an engine holding stale weights; a vLLM fit syncs before
 its first rollout (resume included), after every step, and its engine agrees with the trainer."""
 import copy
+import dataclasses
 import os
 import subprocess
 import sys
@@ -11,30 +12,38 @@ import pytest
 import torch
 
 from callbacks import StaleWeightsError, VLLMWeightSync
-from ibpo_lit.rollout.weights import iter_full_weights
+from ibpo_lit.rollout.weights import WeightSyncContext, iter_full_weights
+from ibpo_lit.scale.collectives import SINGLE_PROCESS
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def module_like(engine, model, tokenizer, version=0):
-    return SimpleNamespace(engine=engine, policy=model, tokenizer=tokenizer, device=torch.device("cpu"), weights_version=version)
+def context(engine, model, tokenizer, version=0, num_mini_batches=1):
+    return WeightSyncContext(engine=engine, policy=model, tokenizer=tokenizer, weights_version=version,
+                             num_mini_batches=num_mini_batches, device=torch.device("cpu"), sync=SINGLE_PROCESS)
+
+
+def module_like(*args, **kwargs):
+    """All the callback reads of the module: its weight-sync context."""
+    ctx = context(*args, **kwargs)
+    return SimpleNamespace(weight_sync_context=lambda: ctx)
 
 
 def test_probe_fails_loudly_on_stale_weights_and_passes_after_sync(tiny_vllm):
     engine, model, tokenizer = tiny_vllm
     sync = VLLMWeightSync(probe_tokens=16, probe_tolerance=0.01)
     try:
-        sync.sync_engine(None, module_like(engine, model, tokenizer))
+        sync.sync_engine(context(engine, model, tokenizer))
         assert sync.last_probe_mismatch < 1e-4 and sync.synced_version == 0
 
         changed = copy.deepcopy(model)
         with torch.no_grad():
             for p in changed.parameters():
                 p.mul_(1.5)
-        stale = module_like(engine, changed, tokenizer, version=1)
+        stale = context(engine, changed, tokenizer, version=1)
         with pytest.raises(StaleWeightsError, match="stale or wrongly loaded weights"):
             sync.check_probe(stale)  # the engine still has the old weights
-        sync.sync_engine(None, stale)
+        sync.sync_engine(stale)
         assert sync.last_probe_mismatch < 1e-4 and sync.synced_version == 1 and sync.syncs == 2
     finally:
         engine.sync_weights(iter_full_weights(model))
@@ -45,14 +54,14 @@ def test_every_rank_takes_the_worst_ranks_verdict(tiny_vllm):
     # collective the failed one never reaches.
     engine, model, tokenizer = tiny_vllm
     sync = VLLMWeightSync(probe_tokens=8, probe_tolerance=0.01)
-    module = module_like(engine, model, tokenizer)
-    sync.sync_engine(None, module)  # this process alone: in tolerance
-    module.sync = SimpleNamespace(gather=lambda mine: [mine, 0.5])
+    ctx = context(engine, model, tokenizer)
+    sync.sync_engine(ctx)  # this process alone: in tolerance
+    other_failed = dataclasses.replace(ctx, sync=SimpleNamespace(gather=lambda mine: [mine, 0.5]))
     with pytest.raises(StaleWeightsError, match=r"by 0.5000 per token \(process 1 of 2\)"):
-        sync.check_probe(module)
-    module.sync = SimpleNamespace(gather=lambda mine: [mine, float("nan")])
+        sync.check_probe(other_failed)
+    other_nan = dataclasses.replace(ctx, sync=SimpleNamespace(gather=lambda mine: [mine, float("nan")]))
     with pytest.raises(StaleWeightsError, match=r"nan per token \(process 1 of 2\)"):
-        sync.check_probe(module)
+        sync.check_probe(other_nan)
 
 
 def test_arguments_are_checked():
@@ -93,7 +102,7 @@ def test_tiny_vllm_fit_syncs_every_step_and_on_resume(tmp_path, tiny_vllm):
     fit("--trainer.max_steps", "3", "--ckpt_path", str(last))
     state = torch.load(last, weights_only=False)
     sync_state = next(v for k, v in state["callbacks"].items() if "VLLMWeightSync" in k)
-    assert state["ibpo_lit"]["weights_version"] == 3
+    assert state["ibpo_lit"]["update"]["weights_version"] == 3
     assert sync_state == {"synced_version": 3, "syncs": 5}  # + a forced sync at resume, + step 3
 
     scalars = _scalars(tmp_path / "lightning_logs")
@@ -128,7 +137,7 @@ def test_probe_every_n_syncs_checks_the_first_sync_of_a_fit_then_every_nth(tiny_
     sync.on_fit_start(None, module)
     sync.on_train_start(None, module)  # sync 1 of this fit: probed
     for _ in range(4):  # syncs 2-5: the 4th sync is probed (every 3rd after the first)
-        sync.sync_engine(None, module)
+        sync.sync_engine(module.weight_sync_context())
     assert probed == [1, 4]
     assert [sync.last_probed, sync.syncs, sync.fit_syncs] == [False, 5, 5]
     sync.on_fit_start(None, module)  # a new fit (e.g. a resume) probes its first sync again
@@ -153,10 +162,10 @@ def test_every_tensor_reaches_the_engine_one_at_a_time(tiny_vllm):
             with torch.no_grad():
                 tensor = changed.get_parameter(name)
                 tensor.add_(torch.randn(tensor.shape, generator=torch.Generator().manual_seed(0)) * 0.5)
-            stale = module_like(engine, changed, tokenizer, version=1)
+            stale = context(engine, changed, tokenizer, version=1)
             with pytest.raises(StaleWeightsError):
                 sync.check_probe(stale)  # the engine has not seen the change yet
-            sync.sync_engine(None, stale)
+            sync.sync_engine(stale)
             assert sync.last_probe_mismatch < 1e-4, name
     finally:
         engine.sync_weights(iter_full_weights(model))
@@ -183,9 +192,7 @@ class _RecordingEngine:
 
 
 def _module(engine, model, version, num_mini_batches=1):
-    m = module_like(engine, model, None, version=version)
-    m.rollout_cfg = SimpleNamespace(num_mini_batches=num_mini_batches)
-    return m
+    return module_like(engine, model, None, version=version, num_mini_batches=num_mini_batches)
 
 
 def test_sleep_drops_the_weights_only_when_a_sync_follows():
@@ -217,4 +224,18 @@ def test_a_sync_that_does_not_send_every_tensor_is_an_error():
 
     sync = VLLMWeightSync(probe_tokens=0)
     with pytest.raises(StaleWeightsError, match="did not send"):
-        sync.sync_engine(None, _module(_RecordingEngine(consume_all=False), build_tiny_model(seed=0), 0))
+        sync.sync_engine(context(_RecordingEngine(consume_all=False), build_tiny_model(seed=0), None))
+
+
+def test_the_module_hands_over_what_a_sync_needs():
+    from ibpo_lit.config import RolloutConfig
+    from ibpo_lit.module import IBPOModule
+
+    module = IBPOModule(rollout=RolloutConfig(num_mini_batches=2))
+    module.configure_model()
+    module.updater.load_state_dict({"weights_version": 3})
+    ctx = module.weight_sync_context()
+    assert ctx.engine is module.engine and ctx.policy is module.policy and ctx.tokenizer is module.tokenizer
+    assert (ctx.weights_version, ctx.num_mini_batches, ctx.device, ctx.sync.world_size) == (3, 2, torch.device("cpu"), 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ctx.weights_version = 4  # a view: the callback cannot move the module's counters
