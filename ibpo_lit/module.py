@@ -61,6 +61,7 @@ from ibpo_lit.scale.collectives import RankSync
 from ibpo_lit.scale.fsdp2 import FSDP2Plan, fp32_rotary_buffers
 from ibpo_lit.scale.launch_env import export_rank_env
 from ibpo_lit.scale.strategy import sharding_plan
+from ibpo_lit.tasks import get_task, scoring_pool
 from ibpo_lit.training.assemble import assemble_update
 from ibpo_lit.training.ciw_scorer import CIWScorer
 from ibpo_lit.training.corrections import CorrectionContext
@@ -72,7 +73,6 @@ from ibpo_lit.training.seeding import BENCHMARK_VALIDATION, MAIN_ROLLOUTS, VALID
 from ibpo_lit.training.step_metrics import StepClock, step_metrics
 from ibpo_lit.training.step_types import ScoredRollouts, StepStats
 from ibpo_lit.training.unscorable import UnscorableStreak
-from ibpo_lit.tasks import get_task, scoring_pool
 from ibpo_lit.training.update import PolicyUpdate, UpdateRuntime
 
 
