@@ -31,9 +31,9 @@ The probe: after each sync, the engine samples ``probe_tokens`` tokens for a fix
 the trainer recomputes their log-probs; if the mean absolute difference exceeds
 ``probe_tolerance``, the engine holds stale or wrongly loaded weights and training stops with
 ``StaleWeightsError`` instead of learning from the wrong policy's samples. A fp32 engine
-agrees with the trainer to about 1e-5 per token; a bf16 engine to about 0.03 (measured with
-SmolLM2 on the CPU), so the default tolerance of 0.1 catches weights that did not load
-without tripping on precision. Raise it for low-precision engines of large models.
+agrees with the trainer to float rounding; a bf16 engine to bf16's rounding, a few hundredths
+per token, so the default tolerance of 0.1 catches weights that did not load without tripping
+on precision. Raise it for low-precision engines of large models.
 ``probe_every_n_syncs`` > 1 checks only every N-th sync (the first sync of every ``fit`` is
 always checked): the probe costs a short generation plus a trainer forward per sync, about
 5% of a SmolLM2 step on 2 CPU cores, which a long run may not want to pay every step.

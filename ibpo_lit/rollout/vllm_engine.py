@@ -19,7 +19,7 @@ What is covered:
       fused q/k/v and gate/up, CPU repacking) over a *lazy* iterator: the caller's gathering of
       one full tensor at a time is interleaved with vLLM's copying, so peak extra memory is one
       layer, not one model. Then the prefix cache is reset (its KV blocks were computed by the
-      old weights). Measured on this CPU: all 272 SmolLM2 tensors in 0.2-0.3 s.
+      old weights).
       When vLLM runs its engine core in another process (``VLLM_ENABLE_V1_MULTIPROCESSING=1``),
       tensors cannot cross as an iterator (they arrive as lists), so the weights are written as
       safetensors to a temporary directory and reloaded from there (``weights_path``).

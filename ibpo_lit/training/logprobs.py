@@ -12,8 +12,9 @@ What is covered:
           padded to its own longest response, not the batch's (``_length_buckets``);
         - only response positions reach the LM head, and the last response token is never
           forwarded (it predicts nothing that is trained).
-      Measured on SmolLM2, 2 prompts x 8 responses of 4 to 128 tokens, fp32, 2 CPU cores:
-      forward + backward 30.1 s per-row, 23.9 s with the prompts shared, 17.2 s with buckets.
+      Each cuts the work of a group of G responses to one prompt (the prompt is forwarded once,
+      padding shrinks to each bucket's own); the step as a whole is timed by
+      ``scripts/bench_throughput.py`` (docs/benchmarks.md), not here.
 
     * Long rows without full-vocabulary logits: with ``chunk_tokens`` set, the LM head is
       applied to at most that many positions at a time and each chunk is reduced to its tokens'
