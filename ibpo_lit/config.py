@@ -174,8 +174,10 @@ class AlgorithmConfig:
             length penalty (see ``OverlongConfig``). Both off by default.
         dynamic_sampling: DAPO's dynamic sampling: uninformative groups are dropped and
             the batch refilled (see ``DynamicSamplingConfig``). Off by default.
-        advantage_scale: ``group`` (divide by the group's std), ``batch`` (by the batch's
-            std) or ``none`` (Dr.GRPO: no division).
+        advantage_scale: The advantage estimator: ``group`` (divide by the group's std),
+            ``batch`` (by the batch's std), ``none`` (Dr.GRPO: no division), ``rloo`` (the
+            leave-one-out baseline) or ``reinforce_plus_plus_baseline`` (group-centred rewards
+            over their batch std); see ``ibpo_lit/algorithms/advantages.py``.
         ibpo: IBPO's settings, all in one place (see ``IBPOConfig``): ``variant: none`` is
             plain GSPO.
         ciw: Counterfactual importance weighting (METHOD section 8): token weights from how

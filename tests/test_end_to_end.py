@@ -170,8 +170,11 @@ def test_gradient_matches_an_independent_per_sequence_computation(tmp_path, monk
         ["--model.algorithm.overlong.mask_truncated", "true", "--model.algorithm.overlong.soft_buffer", "4"],
         ["--model.rollout.num_mini_batches", "2", "--model.rollout.old_logp", "trainer"],
         ["--model.rollout.old_logp", "rollout", "--model.algorithm.advantage_scale", "none"],
+        ["--model.algorithm.loss", "grpo", "--model.algorithm.advantage_scale", "rloo"],
+        ["--model.algorithm.loss", "grpo", "--model.algorithm.advantage_scale", "reinforce_plus_plus_baseline"],
     ],
-    ids=["ibpo-mask", "ibpo-ratio", "dapo-kl", "gspo-kl-entropy", "overlong", "two-mini-batches", "rollout-logp-drgrpo"],
+    ids=["ibpo-mask", "ibpo-ratio", "dapo-kl", "gspo-kl-entropy", "overlong", "two-mini-batches", "rollout-logp-drgrpo",
+         "rloo", "reinforce-pp-baseline"],
 )
 def test_variants_train(tmp_path, overrides):
     cli = fit(tmp_path, *overrides, steps=2)

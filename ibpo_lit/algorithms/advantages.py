@@ -1,9 +1,16 @@
-"""Group-relative advantages (METHOD section 2): ``A_i = (r_i - mean_g) / (std + 1e-8)``.
+"""Group-relative advantages (METHOD section 2): ``A_i = (r_i - mean_g) / denominator``.
 
 Covered:
 - scale "group" (GRPO/GSPO): population std (divide by n) of the prompt's group;
 - scale "batch": population std of all finite rewards of the batch, the mean still per group;
 - scale "none" (Dr.GRPO): ``A_i = r_i - mean_g``, no division;
+- scale "rloo" (RLOO, verl's and TRL's ``rloo``): the leave-one-out baseline,
+  ``A_i = r_i - mean_{j != i} r_j``, which is ``(r_i - mean_g) * n / (n - 1)`` (n the group's
+  finite rewards): the denominator ``(n - 1) / n``;
+- scale "reinforce_plus_plus_baseline" (REINFORCE++-baseline, verl's and OpenRLHF's name):
+  ``A_i = (r_i - mean_g) / std_batch(r - mean_g)``, the group-centred rewards divided by their
+  population std over the whole batch. Per response: OpenRLHF whitens over tokens, where a long
+  response weighs more; REINFORCE++ with the KL in the reward (token-level returns) is not here;
 - ragged groups (``grouped_advantages``), e.g. corrections grouped by their original prompt.
 
 Choices the papers leave open:
@@ -13,6 +20,8 @@ Choices the papers leave open:
   ``std == 0`` so float rounding of the mean cannot leak a tiny non-zero advantage.
 - "batch" with fewer than 2 finite rewards in the whole batch: std is 0, so only the 1e-8
   remains; every group is degenerate then anyway, so all advantages are 0.
+- "batch" and "reinforce_plus_plus_baseline": the batch is this process's rollouts (each rank
+  computes its own advantages), so with several processes the std is each rank's.
 - Computed in float32 at least (float64 inputs stay float64).
 
 Not covered: DAPO dynamic sampling (dropping degenerate groups) belongs to the rollout stage.
@@ -49,6 +58,27 @@ def _batch_scale(
     return (var.sqrt() + STD_EPS).expand_as(rewards)
 
 
+@ADVANTAGE_SCALES.register("rloo")
+def _leave_one_out(
+    rewards: Tensor, finite: Tensor, group_index: Tensor, group_mean: Tensor, group_count: Tensor
+) -> Tensor:
+    """[B] ``(n - 1) / n`` of each row's group: ``(r_i - mean) * n / (n - 1)`` is ``r_i`` minus
+    the mean of the group's other rewards (a group with fewer than 2 is degenerate: 0 anyway)."""
+    n = group_count.clamp_min(2)
+    return ((n - 1) / n)[group_index]
+
+
+@ADVANTAGE_SCALES.register("reinforce_plus_plus_baseline")
+def _centred_batch_scale(
+    rewards: Tensor, finite: Tensor, group_index: Tensor, group_mean: Tensor, group_count: Tensor
+) -> Tensor:
+    """[B] population std of the group-centred rewards over the batch's finite rows (+eps); their
+    mean is 0 (each group's centred rewards sum to 0), so none is subtracted."""
+    centred = torch.where(finite, rewards - group_mean[group_index], 0.0)
+    var = (centred * centred).sum() / finite.sum().clamp_min(1)
+    return (var.sqrt() + STD_EPS).expand_as(rewards)
+
+
 @ADVANTAGE_SCALES.register("none")
 def _no_scale(
     rewards: Tensor, finite: Tensor, group_index: Tensor, group_mean: Tensor, group_count: Tensor
@@ -64,7 +94,8 @@ def grouped_advantages(rewards: Tensor, group_index: Tensor, scale: str = "group
         rewards: [B] float; NaN (or inf) marks an unscorable response.
         group_index: [B] long, any non-negative ids; rows with the same id form one group,
             groups may have different sizes.
-        scale: a name in ``ADVANTAGE_SCALES`` ("group", "batch", "none").
+        scale: a name in ``ADVANTAGE_SCALES`` ("group", "batch", "none", "rloo",
+            "reinforce_plus_plus_baseline").
 
     Returns:
         [B] advantages, 0 for unscorable rows and for rows of degenerate groups.

@@ -6,6 +6,7 @@ import torch
 from ibpo_lit.algorithms import group_advantages, grouped_advantages
 
 NAN = float("nan")
+SCALES = ("group", "batch", "none", "rloo", "reinforce_plus_plus_baseline")
 
 
 def test_group_scale_hand_derived():
@@ -40,9 +41,29 @@ def test_batch_scale_uses_std_of_all_rewards():
     )
 
 
+def test_rloo_is_the_leave_one_out_baseline():
+    # [1,0,0,1]: each reward minus the mean of the other three: 1 - 1/3, 0 - 2/3
+    # [3,1,NaN]: finite [3,1]: 3 - 1, 1 - 3; the NaN row 0
+    rewards = torch.tensor([[1.0, 0, 0, 1], [3, 1, NAN, 5]])
+    rewards[1, 3] = NAN
+    expected = torch.tensor([[2 / 3, -2 / 3, -2 / 3, 2 / 3], [2.0, -2, 0, 0]])
+    torch.testing.assert_close(group_advantages(rewards, "rloo"), expected)
+
+
+def test_reinforce_plus_plus_baseline_divides_centred_rewards_by_their_batch_std():
+    # centred: group 0 [1,0,0,1] - .5 = [.5,-.5,-.5,.5]; group 1 [1,1,1,0] - .75 = [.25,.25,.25,-.75]
+    # population std of the 8 centred values: sqrt((4*.25 + 3*.0625 + .5625) / 8) = sqrt(.21875)
+    rewards = torch.tensor([[1.0, 0, 0, 1], [1, 1, 1, 0]])
+    std = math.sqrt(0.21875)
+    expected = torch.tensor([[0.5, -0.5, -0.5, 0.5], [0.25, 0.25, 0.25, -0.75]]) / std
+    torch.testing.assert_close(group_advantages(rewards, "reinforce_plus_plus_baseline"), expected)
+    # unlike "batch", which divides by the std of the raw rewards (mean .625: sqrt(.234375))
+    assert not torch.allclose(group_advantages(rewards, "batch"), expected)
+
+
 def test_degenerate_groups_are_zero_never_nan():
     rewards = torch.tensor([[NAN, NAN, NAN], [NAN, 1.0, NAN], [0.1, 0.1, 0.1], [0.7, NAN, 0.7]])
-    for scale in ("group", "batch", "none"):
+    for scale in SCALES:
         out = group_advantages(rewards, scale)
         assert torch.equal(out, torch.zeros(4, 3)), scale  # exactly 0, even for 0.1 rounding
 
@@ -70,13 +91,26 @@ def _loop_reference(rewards: list[float], ids: list[int], scale: str) -> list[fl
             continue
         mean = sum(members) / len(members)
         std = math.sqrt(sum((x - mean) ** 2 for x in members) / len(members))
-        denom = {"group": std + 1e-8, "batch": bstd + 1e-8, "none": 1.0}[scale]
+        if scale == "rloo":  # r minus the mean of the others, directly
+            out.append(r - (sum(members) - r) / (len(members) - 1))
+            continue
+        denom = {"group": std + 1e-8, "batch": bstd + 1e-8, "none": 1.0,
+                 "reinforce_plus_plus_baseline": _centred_std(rewards, ids) + 1e-8}[scale]
         out.append((r - mean) / denom)
     return out
 
 
+def _centred_std(rewards: list[float], ids: list[int]) -> float:
+    centred = []
+    for r, g in zip(rewards, ids):
+        if math.isfinite(r):
+            members = [x for x, h in zip(rewards, ids) if h == g and math.isfinite(x)]
+            centred.append(r - sum(members) / len(members))
+    return math.sqrt(sum(c * c for c in centred) / max(len(centred), 1))
+
+
 @pytest.mark.parametrize("seed", range(5))
-@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+@pytest.mark.parametrize("scale", SCALES)
 def test_grouped_matches_loop_reference(seed, scale):
     gen = torch.Generator().manual_seed(seed)
     n = 40
@@ -93,7 +127,7 @@ def test_dense_equals_ragged(seed):
     rewards = torch.rand(4, 6, generator=gen)
     rewards[rewards < 0.15] = NAN
     ids = torch.arange(4).repeat_interleave(6)
-    for scale in ("group", "batch", "none"):
+    for scale in SCALES:
         torch.testing.assert_close(
             group_advantages(rewards, scale).flatten(), grouped_advantages(rewards.flatten(), ids, scale)
         )

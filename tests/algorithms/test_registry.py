@@ -16,7 +16,7 @@ from ibpo_lit.algorithms import (
 
 def test_names_of_every_registry():
     assert POLICY_LOSSES.names() == ["grpo", "gspo"]
-    assert ADVANTAGE_SCALES.names() == ["batch", "group", "none"]
+    assert ADVANTAGE_SCALES.names() == ["batch", "group", "none", "reinforce_plus_plus_baseline", "rloo"]
     assert SHAPING_VARIANTS.names() == ["mask", "none", "plain", "ratio"]
     assert AGGREGATIONS.names() == ["seq-mean-token-mean", "seq-mean-token-sum", "token-mean"]
 
