@@ -21,6 +21,7 @@ from ibpo_lit.data.correction_prompt import (
     DEFAULT_TEMPLATE,
 )
 from ibpo_lit.rollout.engine import SamplingConfig
+from ibpo_lit.rollout.factory import ENGINES, Backend
 from ibpo_lit.rollout.vllm_engine import VLLMConfig
 
 
@@ -255,7 +256,7 @@ class RolloutConfig:
     """
 
     group_size: int = 8
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Backend = "hf"
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     num_mini_batches: int = 1
@@ -273,6 +274,8 @@ class RolloutConfig:
             raise ValueError(f"rollout.num_mini_batches must be >= 1, got {self.num_mini_batches}")
         if self.micro_batch_size < 1:
             raise ValueError(f"rollout.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.backend not in ENGINES:
+            raise ValueError(f"rollout.backend must be one of {', '.join(ENGINES.names())}, got {self.backend!r}")
 
 
 @dataclass
