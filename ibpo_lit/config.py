@@ -15,6 +15,7 @@ from ibpo_lit.algorithms.registry import (
 from ibpo_lit.algorithms.regularizers import KL_ESTIMATORS, RegularizerSettings
 from ibpo_lit.algorithms.shaping import validate_shaping
 from ibpo_lit.rollout.engine import SamplingConfig
+from ibpo_lit.rollout.factory import ENGINES, Backend
 from ibpo_lit.rollout.vllm_engine import VLLMConfig
 from ibpo_lit.tasks import CODE_COMPARE_TEMPLATE, CODE_REVISE_TEMPLATE, COMPARE_TEMPLATE, REVISE_TEMPLATE
 
@@ -252,7 +253,7 @@ class RolloutConfig:
     """
 
     group_size: int = 8
-    backend: Literal["hf", "vllm"] = "hf"
+    backend: Backend = "hf"
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     num_mini_batches: int = 1
@@ -270,6 +271,8 @@ class RolloutConfig:
             raise ValueError(f"rollout.num_mini_batches must be >= 1, got {self.num_mini_batches}")
         if self.micro_batch_size < 1:
             raise ValueError(f"rollout.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.backend not in ENGINES:
+            raise ValueError(f"rollout.backend must be one of {', '.join(ENGINES.names())}, got {self.backend!r}")
 
 
 @dataclass

@@ -9,8 +9,9 @@ together in one `ConfigError`.
 What is covered:
 - ``model.algorithm.ibpo`` other than ``none`` without a callback that makes corrections
   (``callbacks.CorrectionRollouts``): IBPO would silently train as plain GSPO.
-- ``model.rollout.backend`` other than ``hf`` (a separate copy of the weights, as vLLM's)
-  without a callback that syncs the weights to it (``callbacks.VLLMWeightSync``).
+- ``model.rollout.backend`` whose engine holds a separate copy of the weights (vLLM's:
+  ``EngineBackend.separate_weights``) without a callback that syncs the weights to it
+  (``callbacks.VLLMWeightSync``).
 - ``model.rollout.backend: vllm`` where ``import vllm`` fails (not installed, or a broken install).
 - ``model.rollout.num_mini_batches`` larger than the rows of a rollout batch
   (``data.prompts_per_step * model.rollout.group_size``): some mini-batches would be empty.
@@ -64,7 +65,11 @@ def ibpo_needs_corrections(variant: str, callbacks: list[Any]) -> Optional[str]:
 
 
 def engine_needs_sync(backend: str, callbacks: list[Any]) -> Optional[str]:
-    if backend == "hf" or any(callable(getattr(cb, "sync_engine", None)) for cb in callbacks):
+    from ibpo_lit.rollout.factory import ENGINES  # (imports no engine: each is imported when built)
+
+    if not ENGINES.get(backend).separate_weights:
+        return None
+    if any(callable(getattr(cb, "sync_engine", None)) for cb in callbacks):
         return None
     return (
         f"model.rollout.backend={backend!r} samples from a separate copy of the weights, but no callback in "

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
-import tempfile
 from typing import Optional
 
 import lightning as L
@@ -45,17 +43,10 @@ from ibpo_lit.data.val_benchmarks import VAL_SET_KEY
 from ibpo_lit.evaluation.metrics import avg_at_k, mean_pass_at_k
 from ibpo_lit.models.hf_compat import enable_activation_checkpointing
 from ibpo_lit.models.lora import LoRAConfig, adapter_state, apply_lora
-from ibpo_lit.models.loading import (
-    BUILTIN_MODELS,
-    build_builtin_model,
-    eos_token_ids,
-    load_policy,
-    load_sharded_policy,
-    resolve_model_path,
-)
+from ibpo_lit.models.loading import load_policy, load_sharded_policy, model_files
 from ibpo_lit.rewards import RewardSpec, WeightedRewards, resolve_specs
 from ibpo_lit.rollout.engine import RolloutEngine
-from ibpo_lit.rollout.hf import HFRolloutEngine
+from ibpo_lit.rollout.factory import build_engine
 from ibpo_lit.rollout.weights import WeightSyncContext
 from ibpo_lit.scale.collectives import RankSync
 from ibpo_lit.scale.fsdp2 import FSDP2Plan, fp32_rotary_buffers
@@ -188,7 +179,6 @@ class IBPOModule(L.LightningModule):
         self.engine: Optional[RolloutEngine] = None
         self.ciw_scorer: Optional[CIWScorer] = None
         self._plan: Optional[FSDP2Plan] = None  # FSDP2 sharding of the policy (None: replicated)
-        self._engine_dir: Optional[tempfile.TemporaryDirectory] = None
         self.rollout_step = 0  # rollout batches done; saved in checkpoints (seeds depend on it)
         dynamic = algorithm.dynamic_sampling
         # DAPO's dynamic sampling: the informative groups of the rounds before an update.
@@ -240,12 +230,9 @@ class IBPOModule(L.LightningModule):
     @property
     def context_limit(self) -> Optional[int]:
         """Longest prompt + response the policy and the rollout engine take (None: unknown)."""
-        limits = []
         positions = getattr(getattr(self.policy, "config", None), "max_position_embeddings", None)
-        if isinstance(positions, int):
-            limits.append(positions)
-        if self.rollout_cfg.backend == "vllm" and self.rollout_cfg.vllm.max_model_len is not None:
-            limits.append(self.rollout_cfg.vllm.max_model_len)
+        engine = self.engine.context_limit if self.engine is not None else None
+        limits = [x for x in (positions, engine) if isinstance(x, int)]
         return min(limits) if limits else None
 
     @property
@@ -261,36 +248,10 @@ class IBPOModule(L.LightningModule):
 
     def _build_engine(self) -> RolloutEngine:
         cfg = self.rollout_cfg
-        if cfg.backend == "hf":
-            return HFRolloutEngine(
-                self.policy,
-                eos_token_ids=eos_token_ids(self.policy, self.tokenizer),
-                pad_token_id=self.tokenizer.pad_token_id,
-                sampling=cfg.sampling,
-                reshard_after_forward=self._plan.reshard_after_forward if self._plan is not None else True,
-            )
-        from ibpo_lit.rollout.vllm_engine import VLLMRolloutEngine
-
-        if self.model_name in BUILTIN_MODELS:
-            # Models built in code have no directory: give vLLM one (its weights are replaced
-            # by the policy's at the first sync anyway). Each rank builds an unsharded copy.
-            self._engine_dir = tempfile.TemporaryDirectory(prefix="ibpo_lit_engine_")
-            # Written with safetensors directly: save_pretrained writes on global rank 0 only.
-            from safetensors.torch import save_model
-
-            model = build_builtin_model(self.model_name, self.dtype_name, self.rollout_cfg.seed)
-            model.config.save_pretrained(self._engine_dir.name)
-            save_model(model, os.path.join(self._engine_dir.name, "model.safetensors"))
-            path = self._engine_dir.name
-        else:
-            path = resolve_model_path(self.model_name)
-        return VLLMRolloutEngine(
-            path,
-            eos_token_ids=eos_token_ids(self.policy, self.tokenizer),
-            pad_token_id=self.tokenizer.pad_token_id,
-            sampling=cfg.sampling,
-            config=cfg.vllm,
-            torch_dtype=self.dtype_name,
+        return build_engine(
+            self.policy, self.tokenizer, cfg.sampling, cfg.backend, vllm=cfg.vllm, dtype=self.dtype_name,
+            model_path=model_files(self.model_name),
+            reshard_after_forward=self._plan.reshard_after_forward if self._plan is not None else True,
         )
 
     def setup(self, stage: str) -> None:

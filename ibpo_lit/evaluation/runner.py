@@ -2,8 +2,9 @@
 
 Stages, each a small function: ``load_problems`` (benchmark records) -> ``load_model``
 (hub id / directory / built-in, optionally a Lightning checkpoint's weights) -> ``PromptBuilder``
--> ``sample`` (``HFRolloutEngine``, or ``VLLMRolloutEngine`` with ``backend: vllm``; batches of problems) -> ``score_samples`` (math-verify, or
-the code sandbox) -> ``summarize`` (metrics and per-problem records) -> ``run_baselines``.
+-> ``sample`` (training's engine, ``ibpo_lit.rollout.factory.build_engine``: HF, or vLLM with
+``backend: vllm``; batches of problems) -> ``score_samples`` (math-verify, or the code sandbox)
+-> ``summarize`` (metrics and per-problem records) -> ``run_baselines``.
 
 What is covered:
 - Math (gsm8k, gsm8k_train, math500, aime25, hmmt25): avg@k, pass@1, pass@k (unbiased
@@ -60,10 +61,11 @@ from ibpo_lit.errors import ConfigError
 from ibpo_lit.evaluation.baselines import CORRECTION_BASELINES, NOTES, parse_baselines
 from ibpo_lit.evaluation.checkpoint import load_checkpoint_weights
 from ibpo_lit.evaluation.metrics import avg_at_k, correct_matrix, maj_at_k, mean_pass_at_k, mean_test_fraction
-from ibpo_lit.evaluation.sampling import Backend, close_engine, make_engine, sample
+from ibpo_lit.evaluation.sampling import close_engine, sample
 from ibpo_lit.evaluation.scoring import Verdicts, score_samples, status_counts
 from ibpo_lit.models.loading import DTYPES, load_policy
 from ibpo_lit.rollout.engine import SamplingConfig
+from ibpo_lit.rollout.factory import ENGINES, Backend, build_engine
 from ibpo_lit.rollout.vllm_engine import VLLMConfig
 from ibpo_lit.tasks import get_task
 
@@ -177,8 +179,7 @@ def evaluate(
     start = time.perf_counter()
     sampling = SamplingConfig(temperature, top_p, top_k, min_p, max_new_tokens, repetition_penalty)  # validates
     _check_settings(k=k, limit=limit, batch_size=batch_size, dtype=dtype, sandbox_workers=sandbox_workers)
-    if backend not in ("hf", "vllm"):
-        raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}")
+    engine_backend = ENGINES.get(backend)  # an unknown name fails here, listing the valid ones
     if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
         raise ValueError(f"chat_template_kwargs must be a mapping, got {type(chat_template_kwargs).__name__}")
     missing_vllm = vllm_installed(backend, setting="--backend vllm")
@@ -188,8 +189,9 @@ def evaluate(
     task = check_benchmark(benchmark, mbpp_split, path)
     fmt = record_format(benchmark, question_key, answer_key, answer_format)
     records = load_problems(benchmark, path, limit, mbpp_split, fmt)
-    # With vLLM the HF model only hands its weights over: it stays off the GPU vLLM needs.
-    model, tokenizer = load_model(model_name_or_path, ckpt_path, dtype, "cpu" if backend == "vllm" else device)
+    # An engine with weights of its own only takes the model's over: the model stays off the GPU it needs.
+    model_device = "cpu" if engine_backend.separate_weights else device
+    model, tokenizer = load_model(model_name_or_path, ckpt_path, dtype, model_device)
     instruction = get_task(task).instruction if instruction is None else instruction
     builder = PromptBuilder(
         tokenizer, instruction=instruction, system_prompt=system_prompt,
@@ -197,7 +199,9 @@ def evaluate(
         chat_template_kwargs=dict(chat_template_kwargs or {}),
     )
     prompts = [builder.build(r.problem, r.gold, r.uid, messages=r.messages) for r in records]
-    engine = make_engine(model, tokenizer, sampling, backend, vllm, dtype)
+    # No model_path: the weights evaluated (a checkpoint's, or the model's own) are those in memory,
+    # the ones the HF backend samples from; vLLM receives them by one sync.
+    engine = build_engine(model, tokenizer, sampling, backend, vllm=vllm, dtype=dtype)
     try:
         gen_start = time.perf_counter()
         completions, lengths, finished = sample(engine, tokenizer, prompts, k, seed, batch_size)

@@ -1,58 +1,24 @@
-"""Sampling for evaluation: a rollout engine (HF or vLLM) over many prompts, with a seed per response.
+"""Sampling for evaluation: a rollout engine over many prompts, with a seed per response.
 
-Every response's seed is fixed before batching (the caller computes it from the problem's index
-and the sample's index, ``ibpo_lit.training.seeding``), and both engines sample each row with its
-own seed, so what a problem gets does not depend on ``batch_size`` or on ``limit``. The two
-engines draw different random numbers, so their samples differ; their metrics agree within
-sampling noise (docs/evaluation.md has a measured comparison).
+The engine is training's own (``ibpo_lit.rollout.factory.build_engine``, HF or vLLM by
+``--backend``), so an evaluation samples as a training run would. Every response's seed is fixed
+before batching (the caller computes it from the problem's index and the sample's index,
+``ibpo_lit.training.seeding``), and both engines sample each row with its own seed, so what a
+problem gets does not depend on ``batch_size`` or on ``limit``. The two engines draw different
+random numbers, so their samples differ; their metrics agree within sampling noise
+(docs/evaluation.md has a measured comparison).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-import tempfile
-from typing import Literal, Sequence
+from typing import Sequence
 
 from ibpo_lit.data.prompt import Prompt
-from ibpo_lit.models.loading import eos_token_ids
-from ibpo_lit.rollout.engine import SamplingConfig
 from ibpo_lit.training.seeding import MAIN_ROLLOUTS, rollout_seeds
 
 logger = logging.getLogger(__name__)
 
 Samples = tuple[list[list[str]], list[list[int]], list[list[bool]]]  # texts, lengths, finished per prompt
-
-
-Backend = Literal["hf", "vllm"]
-
-
-def make_engine(model, tokenizer, sampling: SamplingConfig, backend: Backend = "hf", vllm=None,
-                dtype: str = "float32"):
-    """The evaluation's engine over ``model`` (its weights, checkpoint included), with its decoding settings.
-
-    ``hf``: ``HFRolloutEngine`` on the model itself. ``vllm``: a ``VLLMRolloutEngine`` (settings
-    ``vllm``, a ``VLLMConfig``) started from the model's config with placeholder weights, then
-    given ``model``'s weights by the weight sync training uses. One path for hub models, local
-    folders, built-in models and trained checkpoints, and the engine holds exactly the weights
-    the HF backend would evaluate.
-    """
-    if backend == "hf":
-        from ibpo_lit.rollout.hf import HFRolloutEngine  # transformers' generation code is slow to import
-
-        return HFRolloutEngine(model, eos_token_ids(model, tokenizer), tokenizer.pad_token_id, sampling)
-    if backend != "vllm":
-        raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}")
-    from ibpo_lit.rollout.vllm_engine import VLLMConfig, VLLMRolloutEngine
-    from ibpo_lit.rollout.weights import iter_full_weights
-
-    folder = tempfile.TemporaryDirectory(prefix="ibpo_lit_eval_engine_")
-    model.config.save_pretrained(folder.name)  # all vLLM reads: the weights come by sync
-    config = dataclasses.replace(vllm or VLLMConfig(), load_format="dummy")
-    engine = VLLMRolloutEngine(folder.name, eos_token_ids(model, tokenizer), tokenizer.pad_token_id, sampling,
-                               config, torch_dtype=dtype)
-    engine.sync_weights(iter_full_weights(model))
-    engine.model_folder = folder  # removed with the engine
-    return engine
 
 
 def close_engine(engine) -> None:

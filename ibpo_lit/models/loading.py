@@ -254,6 +254,11 @@ def resolve_model_path(name_or_path: str) -> str:
     return check_model_path(name_or_path, require_config=False)
 
 
+def model_files(name_or_path: str) -> Optional[str]:
+    """``resolve_model_path``, or None for a model built in code (no files hold its weights)."""
+    return None if name_or_path in BUILTIN_MODELS else resolve_model_path(name_or_path)
+
+
 def check_model_path(name_or_path: str, require_config: bool = True) -> str:
     """Check, without loading or fetching anything, that a local-looking ``name_or_path`` is a
     model directory; returns the expanded path (or ``name_or_path`` itself when it is a built-in

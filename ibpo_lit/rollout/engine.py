@@ -97,3 +97,8 @@ class RolloutEngine(ABC):
 
     def sync_weights(self, named_tensors) -> None:  # noqa: B027 - optional hook
         """Load new policy weights. Engines that share the trainer's model need nothing."""
+
+    @property
+    def context_limit(self) -> int | None:
+        """Longest prompt + response the engine itself takes (None: no limit beyond the model's)."""
+        return None

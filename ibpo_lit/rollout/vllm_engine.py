@@ -103,7 +103,9 @@ class VLLMConfig:
             trainer's processes).
         load_format: How vLLM gets its start-up weights: ``dummy`` (random; the weight sync
             replaces every tensor before the first rollout, so nothing is read from disk twice)
-            or ``auto`` (read the checkpoint).
+            or ``auto`` (read the checkpoint). A model with no files of its weights (built in
+            code, or evaluated from memory) always starts ``dummy`` and gets them by one sync as
+            its engine is built.
         seed: vLLM's global seed (each response also has its own seed).
     """
 
@@ -194,6 +196,9 @@ class VLLMRolloutEngine(RolloutEngine):
         self.last_sync_seconds = 0.0
         self.asleep = 0  # the sleep level the engine is at (0 = awake)
         self.weights_discarded = False  # asleep at level 2: the weights must be synced again
+        # A folder made only for this engine to start from (`ibpo_lit.rollout.factory`): it lives
+        # as long as the engine, whoever built it.
+        self.model_folder: Optional[tempfile.TemporaryDirectory] = None
         self._group, self._group_rank = self._request_group()
         self.llm = self._start(model_path, torch_dtype)
 
@@ -269,6 +274,10 @@ class VLLMRolloutEngine(RolloutEngine):
         llm = LLM(**kwargs)
         torch.set_num_threads(threads)  # vLLM sets its own; the trainer keeps what it had
         return llm
+
+    @property
+    def context_limit(self) -> Optional[int]:
+        return self.config.max_model_len
 
     @property
     def in_process(self) -> bool:
@@ -396,14 +405,17 @@ class VLLMRolloutEngine(RolloutEngine):
             self.asleep = 0
 
     def close(self) -> None:
-        """Shut the engine down while the process groups it uses still exist."""
+        """Shut the engine down while the process groups it uses still exist, and remove the
+        folder it was started from if it was made for it."""
         llm, self.llm = getattr(self, "llm", None), None
-        if llm is None:
-            return
-        engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-        shutdown = getattr(engine_core, "shutdown", None)
-        if callable(shutdown):
-            shutdown()
+        if llm is not None:
+            engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+            shutdown = getattr(engine_core, "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+        folder, self.model_folder = getattr(self, "model_folder", None), None
+        if folder is not None:
+            folder.cleanup()
 
 
 def _clear_killed_runs_shm() -> None:

@@ -35,6 +35,8 @@ def test_vllm_engine_decodes_the_evaluated_weights_like_hf(tmp_path):
     assert result["same_tokens"], result["tokens"]
     assert len({tuple(t) for t in result["tokens"]}) > 1  # not one degenerate string for every prompt
     assert result["logp_max_diff"] < 1e-4
+    assert result["folder_lived_with_engine"]
+    assert result["context_limit"] == 256  # its max_model_len: what correction prompts must fit
 
 
 @pytest.mark.slow
@@ -65,5 +67,5 @@ def test_evaluate_command_with_vllm_matches_hf_greedy(tmp_path):
 def test_an_unknown_backend_is_refused_before_loading():
     from ibpo_lit.evaluation.runner import evaluate
 
-    with pytest.raises(ValueError, match="backend must be 'hf' or 'vllm'"):
+    with pytest.raises(ValueError, match="unknown rollout backend 'sglang'; valid: hf, vllm"):
         evaluate("tiny-llama", "gsm8k", path="unused.jsonl", backend="sglang")

@@ -1,0 +1,143 @@
+"""``build_engine``: the one way a rollout engine is made, for training and for evaluation alike.
+
+``ENGINES`` maps a backend name (``model.rollout.backend``, ``evaluate --backend``) to an
+``EngineBackend``; this is the only place that tells ``hf`` from ``vllm``. Training
+(``IBPOModule.configure_model``) and evaluation (``ibpo_lit.evaluation.runner``) both call
+``build_engine``, so an evaluation samples with exactly the engine, stop tokens, padding and
+settings a training run would.
+
+What is covered:
+    * ``hf``: ``HFRolloutEngine`` over the policy object itself (no copy, no sync), with the
+      FSDP2 plan's ``reshard_after_forward`` for a sharded policy.
+    * ``vllm``: ``VLLMRolloutEngine``, a separate copy of the weights. Where its start-up
+      weights come from is decided in ``_vllm_engine`` (one rule, explained there).
+    * Stop tokens are ``eos_token_ids(policy, tokenizer)`` and padding the tokenizer's pad id,
+      whatever the backend.
+
+What is not covered: keeping a vLLM engine on the policy's weights after it is built (training's
+``callbacks.VLLMWeightSync`` does that) and shutting it down (its ``close``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Literal, Optional
+
+from ibpo_lit.registry import Registry
+
+if TYPE_CHECKING:
+    from ibpo_lit.rollout.engine import RolloutEngine, SamplingConfig
+    from ibpo_lit.rollout.vllm_engine import VLLMConfig
+
+Backend = Literal["hf", "vllm"]
+"""The names in ``ENGINES``, spelled out for the command line's type checks and ``--help``."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What an engine is built with besides the policy, its tokenizer and the decoding settings;
+    a backend ignores what it has no use for.
+
+    Args:
+        vllm: The vLLM engine's settings (``rollout.vllm``); None: ``VLLMConfig()``.
+        dtype: The policy's dtype, what ``vllm.dtype: auto`` resolves to.
+        model_path: A directory or hub id whose files hold the policy's weights as they are now
+            (a training run's ``model``); None when no files do (see ``_vllm_engine``).
+        reshard_after_forward: The FSDP2 plan's setting for a sharded policy's layers, restored
+            after each HF generation.
+    """
+
+    vllm: Optional[VLLMConfig] = None
+    dtype: str = "float32"
+    model_path: Optional[str] = None
+    reshard_after_forward: bool = True
+
+
+@dataclass(frozen=True)
+class EngineBackend:
+    """One backend: how its engine is built, and whether that engine holds weights of its own.
+
+    ``build(policy, tokenizer, sampling, settings) -> RolloutEngine``: the contract every entry
+    keeps, so no caller branches on the name. ``separate_weights``: the engine samples from a
+    copy that must be synced after each update (the policy need not sit on the accelerator the
+    engine uses to sample).
+    """
+
+    build: Callable[..., RolloutEngine]
+    separate_weights: bool
+
+
+ENGINES = Registry("rollout backend")
+"""Backend name -> ``EngineBackend``."""
+
+
+def build_engine(policy, tokenizer, sampling: SamplingConfig, backend: str, *, vllm: Optional[VLLMConfig] = None,
+                 dtype: str = "float32", model_path: Optional[str] = None,
+                 reshard_after_forward: bool = True) -> RolloutEngine:
+    """The rollout engine of ``backend`` over ``policy`` (a Hugging Face causal LM, plain, LoRA or
+    FSDP2-sharded), sampling with ``sampling`` by default.
+
+    The engine samples from the policy's current weights, except a vLLM engine started from
+    ``model_path`` with ``load_format: dummy``: placeholders until the caller's first sync
+    (``_vllm_engine`` says why). Under several processes every rank calls it at the same point: building a vLLM engine, and
+    syncing a sharded policy's weights into it, are collectives. An unknown ``backend`` raises a
+    ``ValueError`` listing the valid names.
+    """
+    settings = EngineSettings(vllm=vllm, dtype=dtype, model_path=model_path,
+                              reshard_after_forward=reshard_after_forward)
+    return ENGINES.get(backend).build(policy, tokenizer, sampling, settings)
+
+
+def _hf_engine(policy, tokenizer, sampling: SamplingConfig, settings: EngineSettings) -> RolloutEngine:
+    from ibpo_lit.models.loading import eos_token_ids
+    from ibpo_lit.rollout.hf import HFRolloutEngine  # transformers' generation code is slow to import
+
+    return HFRolloutEngine(policy, eos_token_ids(policy, tokenizer), tokenizer.pad_token_id, sampling,
+                           reshard_after_forward=settings.reshard_after_forward)
+
+
+def _vllm_engine(policy, tokenizer, sampling: SamplingConfig, settings: EngineSettings) -> RolloutEngine:
+    """Where vLLM's start-up weights come from, one rule:
+
+    * Files hold the policy's weights (``settings.model_path``: a training run's hub id or local
+      directory): vLLM starts from them like any vLLM, reading the weights as ``load_format``
+      says. ``auto`` gives real weights from the start with no gather of the policy, what a
+      large sharded run may want; ``dummy`` (the default) reads nothing twice and leaves
+      placeholders that the caller's first sync replaces (``VLLMWeightSync`` syncs before the
+      first rollout of every fit, after any checkpoint restore, so a sync here would be a second
+      full gather for nothing).
+    * No files do (a model built in code, or weights that exist only in memory: a checkpoint
+      loaded for evaluation, a trained policy): vLLM starts from a folder holding only the
+      policy's config, with ``load_format: dummy``, and the policy's full weights are synced in
+      here, once, so the engine never samples placeholders. This works for a sharded policy too:
+      ``iter_full_weights`` of an FSDP2 model is a collective, and every rank builds its engine
+      at the same point. The folder belongs to the engine (``model_folder``), removed with it.
+    """
+    import torch
+
+    from ibpo_lit.models.loading import eos_token_ids
+    from ibpo_lit.rollout.vllm_engine import VLLMConfig, VLLMRolloutEngine
+    from ibpo_lit.rollout.weights import SyncManifest, iter_full_weights
+
+    config = settings.vllm or VLLMConfig()
+    eos, pad = eos_token_ids(policy, tokenizer), tokenizer.pad_token_id
+    if settings.model_path is not None:
+        return VLLMRolloutEngine(settings.model_path, eos, pad, sampling, config, torch_dtype=settings.dtype)
+    folder = tempfile.TemporaryDirectory(prefix="ibpo_lit_engine_")
+    # Each rank writes its own folder: the config is all vLLM reads with dummy weights.
+    policy.config.save_pretrained(folder.name)
+    engine = VLLMRolloutEngine(folder.name, eos, pad, sampling, dataclasses.replace(config, load_format="dummy"),
+                               torch_dtype=settings.dtype)
+    engine.model_folder = folder
+    manifest = SyncManifest()
+    with torch.no_grad():
+        engine.sync_weights(iter_full_weights(policy, manifest))
+    if manifest.missing():
+        raise RuntimeError(f"the vLLM engine's first sync did not send {len(manifest.missing())} of the policy's "
+                           f"tensors ({', '.join(manifest.missing()[:5])}): they would keep placeholder values")
+    return engine
+
+
+ENGINES.register("hf")(EngineBackend(build=_hf_engine, separate_weights=False))
+ENGINES.register("vllm")(EngineBackend(build=_vllm_engine, separate_weights=True))
