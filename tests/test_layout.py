@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 PRODUCT = [p for root in ("ibpo_lit", "callbacks") for p in (REPO / root).rglob("*.py")]
 
@@ -145,6 +147,18 @@ def test_only_the_task_registry_branches_on_a_task_name():
     names = set(TASKS.names())
     home = REPO / "ibpo_lit" / "tasks.py"
     wrong = [f"{p.relative_to(REPO)}:{line}: {value!r}" for p in PRODUCT if p != home
+             for line, value in _compared_strings(p) if value in names]
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("room", ["module", "evaluation", "training", "data", "callbacks"])
+def test_steps_do_not_branch_on_an_engine_backend(room):
+    """Training and evaluation build engines through one factory; the backend's name is compared
+    only where engines and their settings live (rollout, config checks, the hardware plan)."""
+    from ibpo_lit.rollout.factory import ENGINES
+
+    names = set(ENGINES.names())
+    wrong = [f"{p.relative_to(REPO)}:{line}: {value!r}" for p in PRODUCT if _room(_module_name(p)) == room
              for line, value in _compared_strings(p) if value in names]
     assert not wrong, wrong
 
