@@ -1,10 +1,10 @@
 """Tables and plots of a comparison from run summaries (``runs.summarize_run``): means and
-95% bootstrap CIs across seeds, and the series against compute."""
+95% t-intervals across seeds (``cells``), and the series against compute."""
 from __future__ import annotations
 
 from collections import defaultdict
 
-from ibpo_lit.evaluation.bootstrap import bootstrap_ci
+from ibpo_lit.evaluation.bootstrap import log_t_interval
 from ibpo_lit.experiments.cells import ci_cell, paired_ratios
 from ibpo_lit.experiments.runs import at_compute
 
@@ -37,7 +37,7 @@ def by_arm(summaries: list[dict]) -> dict[str, list[dict]]:
 
 
 def markdown_table(summaries: list[dict]) -> str:
-    """One row per arm: mean [95% bootstrap CI] over its seeds for each column."""
+    """One row per arm: mean [95% t-interval] over its seeds for each column."""
     columns = TABLE_COLUMNS + [c for c in FINAL_EVAL_COLUMNS if any(s.get(c[0]) is not None for s in summaries)]
     header = "| arm | seeds | " + " | ".join(title for _, title, _ in columns) + " |"
     lines = [header, "|" + " --- |" * (len(columns) + 2)]
@@ -50,13 +50,14 @@ def markdown_table(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def gradient_variance_ratio(summaries: list[dict], arm: str, baseline: str) -> tuple[float, float, float] | None:
-    """Mean [95% CI] of ``arm``'s gradient-variance trace over ``baseline``'s, pairing seeds."""
+def gradient_variance_ratio(summaries: list[dict], arm: str, baseline: str) -> tuple[float, float, float, int] | None:
+    """``(geometric mean, low, high, seeds)`` of ``arm``'s gradient-variance trace over
+    ``baseline``'s, pairing seeds, with a 95% t-interval on the logs (NaN bounds for one seed)."""
     arms = by_arm(summaries)
     if arm not in arms or baseline not in arms:
         return None
     ratios = paired_ratios(arms[arm], arms[baseline], "grad_var_trace")
-    return bootstrap_ci(ratios) if ratios else None
+    return (*log_t_interval(ratios), len(ratios)) if ratios else None
 
 
 def plot(summaries: list[dict], path: str) -> None:
