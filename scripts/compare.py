@@ -44,7 +44,7 @@ import yaml
 from ibpo_lit.experiments import final_eval
 from ibpo_lit.experiments.arms import ARMS, ArmSettings, build_arm_config, same_config_arm
 from ibpo_lit.experiments.cells import interval_text
-from ibpo_lit.experiments.report import gradient_variance_ratio, markdown_table, plot
+from ibpo_lit.experiments.report import gradient_variance_ratio, markdown_table, paired_difference, plot
 from ibpo_lit.experiments.runs import read_scalars, summarize_run
 from ibpo_lit.experiments.summary_store import load_summaries, record_summary
 from ibpo_lit.file_lock import exclusive_lock
@@ -203,6 +203,11 @@ def main(argv=None) -> None:
     arms = sorted({s["arm"] for s in summaries})
     for arm in arms:
         baseline = GRAD_VAR_BASELINES.get(arm)
+        diff = paired_difference(summaries, arm, baseline) if baseline else None
+        if diff:
+            mean, low, high, seeds = diff
+            lines.append(f"- val acc, end, {arm} - {baseline} (paired by seed; 95% paired t, n = {seeds} seeds): "
+                         + interval_text(mean, low, high, "{:+.3f}"))
         ratio = gradient_variance_ratio(summaries, arm, baseline) if baseline else None
         if ratio:
             mean, low, high, seeds = ratio

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ibpo_lit.evaluation.bootstrap import log_t_interval
-from ibpo_lit.experiments.cells import ci_cell, paired_ratios
+from ibpo_lit.evaluation.bootstrap import log_t_interval, paired_t_interval
+from ibpo_lit.experiments.cells import ci_cell, paired_ratios, paired_values
 from ibpo_lit.experiments.runs import at_compute
 
 TABLE_COLUMNS = [
@@ -58,6 +58,17 @@ def gradient_variance_ratio(summaries: list[dict], arm: str, baseline: str) -> t
         return None
     ratios = paired_ratios(arms[arm], arms[baseline], "grad_var_trace")
     return (*log_t_interval(ratios), len(ratios)) if ratios else None
+
+
+def paired_difference(summaries: list[dict], arm: str, baseline: str, key: str = "final_val"
+                      ) -> tuple[float, float, float, int] | None:
+    """``(mean, low, high, seeds)`` of ``arm``'s ``key`` minus ``baseline``'s at the same seed,
+    with a 95% paired t-interval (NaN bounds for one pair); None without a pair."""
+    arms = by_arm(summaries)
+    if arm not in arms or baseline not in arms:
+        return None
+    a, b = paired_values(arms[arm], arms[baseline], lambda r: r.get(key))
+    return (*paired_t_interval(a, b), len(a)) if a else None
 
 
 def plot(summaries: list[dict], path: str) -> None:

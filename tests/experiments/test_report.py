@@ -4,7 +4,7 @@ import math
 import pytest
 
 from ibpo_lit.evaluation.bootstrap import t_interval
-from ibpo_lit.experiments.report import gradient_variance_ratio, markdown_table
+from ibpo_lit.experiments.report import gradient_variance_ratio, markdown_table, paired_difference
 from ibpo_lit.experiments.runs import at_compute
 
 
@@ -34,3 +34,12 @@ def test_gradient_variance_ratio_pairs_seeds():
     # seed 0: 1/2 = .5, seed 1: 3/4 = .75 -> geometric mean sqrt(.375) = .612
     assert mean == pytest.approx(math.sqrt(0.375)) and low < mean < high and seeds == 2
     assert gradient_variance_ratio(runs, "ibpo", "missing") is None
+
+
+def test_paired_difference_pairs_seeds_with_a_t_interval():
+    runs = [summary("gspo", s, 1.0, v) for s, v in enumerate([0.395, 0.373, 0.349])]
+    runs += [summary("ibpo", s, 1.0, v) for s, v in enumerate([0.248, 0.318, 0.374])]
+    # per seed -0.147, -0.055, +0.025: -0.059 -+ 4.3027 * 0.086070 / sqrt(3) = [-0.273, +0.155]
+    mean, low, high, seeds = paired_difference(runs, "ibpo", "gspo")
+    assert (mean, low, high, seeds) == pytest.approx((-0.059, -0.27281, 0.15481, 3), abs=1e-5)
+    assert paired_difference(runs, "ibpo", "missing") is None
