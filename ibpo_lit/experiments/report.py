@@ -2,6 +2,7 @@
 95% t-intervals across seeds (``cells``), and the series against compute."""
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from ibpo_lit.evaluation.bootstrap import log_t_interval, paired_t_interval
@@ -29,6 +30,12 @@ FINAL_EVAL_COLUMNS = [
 ]
 
 
+# Accuracies, rewards, success rates and shares: their intervals are clipped to [0, 1]; the other
+# columns (steps, compute, seconds, variance) to [0, inf).
+SHARES = {"baseline_val", "final_val", "first_reward", "final_reward", "correction_success_first",
+          "correction_success_last", "cov_y_phi_negative_share", "baseline_eval", "final_eval"}
+
+
 def by_arm(summaries: list[dict]) -> dict[str, list[dict]]:
     arms: dict[str, list[dict]] = defaultdict(list)
     for summary in summaries:
@@ -45,7 +52,7 @@ def markdown_table(summaries: list[dict]) -> str:
         cells = []
         for key, _, fmt in columns:
             scale = 1e-12 if key == "flops" else 1.0
-            cells.append(ci_cell([r.get(key) for r in runs], fmt, scale))
+            cells.append(ci_cell([r.get(key) for r in runs], fmt, scale, (0.0, 1.0) if key in SHARES else (0.0, math.inf)))
         lines.append(f"| {arm} | {len(runs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -24,6 +24,7 @@ Not covered: simultaneous intervals or tests; each interval holds for one compar
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -92,7 +93,8 @@ _VAL = (
     Column("final_eval", "final-eval, end", "{:.3f}", optional=True, bounds=SHARE),
     Column("final_eval_diff", "final-eval - ref, paired", "{:+.3f}", optional=True),
 )
-_COST = (Column("steps", "steps", "{:.1f}"), Column("flops", "TFLOP", "{:.1f}", 1e-12))
+_COST = (Column("steps", "steps", "{:.1f}", bounds=(0.0, math.inf)),
+         Column("flops", "TFLOP", "{:.1f}", 1e-12, bounds=(0.0, math.inf)))
 IBPO_COLUMNS = (
     *_VAL,
     Column("final_reward", "reward, last 3", "{:.3f}", bounds=SHARE),
