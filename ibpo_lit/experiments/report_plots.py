@@ -62,12 +62,14 @@ def table_figure(spec: TableSpec, summaries: Sequence[dict], path: str) -> bool:
     ratio_ax.set_xlim(-0.75, max(len(bars), 2) - 0.25)
     ratio_ax.set_xticks(range(len(bars)), [label for label, _, _ in bars], rotation=20, ha="right", fontsize=8)
     ratio_ax.axhline(1.0, color="grey", lw=1, ls="--")
+    if bars:
+        ratio_ax.set_yscale("log")  # ratios are multiplicative: 0.5 and 2 lie as far from 1
     cov_ax.axhline(0.0, color="grey", lw=1, ls="--")
     titles = [
         (reward_ax, "training reward", "compute (TFLOP, estimated)"),
         (success_ax, "correction success", "optimizer step"),
         (cov_ax, "Cov(Y, phi)", "optimizer step"),
-        (ratio_ax, "gradient variance / baseline (bar: geometric mean, 95% t-interval; dots: seeds)", ""),
+        (ratio_ax, "grad var / baseline (geometric mean, 95% t; dots: seeds)", ""),
     ]
     for ax, title, xlabel in titles:
         ax.set_title(title)
