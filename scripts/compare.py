@@ -41,6 +41,7 @@ import time
 
 import yaml
 
+from ibpo_lit.evaluation.bootstrap import t_interval
 from ibpo_lit.experiments import final_eval
 from ibpo_lit.experiments.arms import ARMS, ArmSettings, build_arm_config, same_config_arm
 from ibpo_lit.experiments.cells import interval_text
@@ -216,6 +217,9 @@ def main(argv=None) -> None:
         line = final_eval_line(summaries, arm, baseline)
         if line:
             lines.append(line)
+        line = final_eval_seeds_line(summaries, arm)
+        if line:
+            lines.append(line)
     report = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "compare.md"), "w") as f:
         f.write(report)
@@ -236,6 +240,20 @@ def final_eval_line(summaries: list[dict], arm: str, baseline: str | None) -> st
     return (f"- final validation, {arm} - {baseline} ({first['final_eval_problems']} problems x "
             f"{first['final_eval_k']} samples, {first['final_eval_backend']}; paired by seed and problem, 95% paired t "
             f"over the seeds, n = {seeds} seeds): " + interval_text(mean, low, high, "{:+.3f}"))
+
+
+def final_eval_seeds_line(summaries: list[dict], arm: str) -> str | None:
+    """Each seed's ``--final-eval`` accuracy with a 95% t-interval over the problems (the noise of
+    one run's score; the spread between seeds is the comparison's)."""
+    runs = sorted((s for s in summaries if s["arm"] == arm and s.get("final_eval_correct")), key=lambda s: s["seed"])
+    if not runs:
+        return None
+    cells = []
+    for run in runs:
+        per_problem = [c / run["final_eval_k"] for c in run["final_eval_correct"]]
+        cells.append(f"seed {run['seed']} " + interval_text(*t_interval(per_problem), "{:.3f}"))
+    return (f"- final validation per seed, {arm} (95% t over the {len(runs[0]['final_eval_correct'])} problems): "
+            + ", ".join(cells))
 
 
 if __name__ == "__main__":
