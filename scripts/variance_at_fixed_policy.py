@@ -278,7 +278,8 @@ def recomputed(saved: dict) -> dict:
         stats = summarize_grams(torch.tensor(r["prompt_cross_grams"]), r["rows_per_batch"], r["flops_per_batch"])
         results[method] = {**{k: v for k, v in r.items() if k != "prompt_cross_grams"}, **stats,
                            "prompt_cross_grams": r["prompt_cross_grams"]}
-    settings = {k: v for k, v in saved["settings"].items() if k not in ("n_resamples", "seed")}  # the bootstrap's
+    # n_resamples and seed were the bootstrap's, which the jackknife replaced
+    settings = {k: v for k, v in saved["settings"].items() if k not in ("n_resamples", "seed")}
     return {**saved, "settings": settings, "results": results,
             "vs_baseline": comparison(results, settings["baseline"]),
             "statistics": "recomputed from the cross Grams by `--report`: 95% delete-one jackknife intervals "
