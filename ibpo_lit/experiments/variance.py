@@ -51,6 +51,8 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from ibpo_lit.evaluation.bootstrap import t_quantile
+
 
 def trace_cov(grads: Tensor) -> float:
     """Trace of the covariance of ``grads`` [M, D] across its M rows (unbiased; M >= 2)."""
@@ -156,8 +158,6 @@ def jackknife_interval(statistic: Callable[..., float], crosses: Sequence[Tensor
     (see the module docstring). ``log``: the interval is built on ``log(statistic)`` (for a
     positive statistic; the linear scale is used when some leave-one-out value is not positive).
     NaN bounds when the statistic has no value on some leave-one-out (a zero trace below a ratio)."""
-    from ibpo_lit.evaluation.bootstrap import t_quantile
-
     first = crosses[0]
     for other in crosses[1:]:
         if other.shape[0] != first.shape[0]:
