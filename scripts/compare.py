@@ -18,7 +18,7 @@ Every arm runs each seed until the same compute budget (estimated FLOPs, generat
 corrections included, or measured device-seconds); all arms see the same problems. A
 held-out validation set is scored before training (step 0) and every ``--val-every`` steps.
 Writes, under ``--out``: ``summary.json`` (one small summary per run, kept so the report can
-be rebuilt with ``--report-only``), ``compare.md`` (means and 95% bootstrap CIs across seeds)
+be rebuilt with ``--report-only``), ``compare.md`` (means and 95% t-intervals across seeds)
 and ``compare.png``. With ``--final-eval N``, each run's last checkpoint is also evaluated on the
 first N held-out problems x ``--final-eval-k`` samples with ``python -m ibpo_lit evaluate``
 (vLLM by default; the untrained model once, as the step-0 point), and compare.md gives each
@@ -41,9 +41,11 @@ import time
 
 import yaml
 
+from ibpo_lit.evaluation.bootstrap import t_interval
 from ibpo_lit.experiments import final_eval
 from ibpo_lit.experiments.arms import ARMS, ArmSettings, build_arm_config, same_config_arm
-from ibpo_lit.experiments.report import gradient_variance_ratio, markdown_table, plot
+from ibpo_lit.experiments.cells import interval_text
+from ibpo_lit.experiments.report import gradient_variance_ratio, markdown_table, paired_difference, plot
 from ibpo_lit.experiments.runs import read_scalars, summarize_run
 from ibpo_lit.experiments.summary_store import load_summaries, record_summary
 from ibpo_lit.file_lock import exclusive_lock
@@ -202,11 +204,20 @@ def main(argv=None) -> None:
     arms = sorted({s["arm"] for s in summaries})
     for arm in arms:
         baseline = GRAD_VAR_BASELINES.get(arm)
+        diff = paired_difference(summaries, arm, baseline) if baseline else None
+        if diff:
+            mean, low, high, seeds = diff
+            lines.append(f"- val acc, end, {arm} - {baseline} (paired by seed; 95% paired t, n = {seeds} seeds): "
+                         + interval_text(mean, low, high, "{:+.3f}"))
         ratio = gradient_variance_ratio(summaries, arm, baseline) if baseline else None
         if ratio:
-            lines.append(f"- gradient-variance trace, {arm} / {baseline} (paired by seed): "
-                         f"{ratio[0]:.3f} [{ratio[1]:.3f}, {ratio[2]:.3f}]")
+            mean, low, high, seeds = ratio
+            lines.append(f"- gradient-variance trace, {arm} / {baseline} (paired by seed; geometric mean, 95% t on "
+                         f"the logs, n = {seeds} seeds): " + interval_text(mean, low, high, "{:.3f}"))
         line = final_eval_line(summaries, arm, baseline)
+        if line:
+            lines.append(line)
+        line = final_eval_seeds_line(summaries, arm)
         if line:
             lines.append(line)
     report = "\n".join(lines) + "\n"
@@ -227,8 +238,22 @@ def final_eval_line(summaries: list[dict], arm: str, baseline: str | None) -> st
     mean, low, high, seeds = diff
     first = next(s for s in runs if s.get("final_eval_correct") is not None)
     return (f"- final validation, {arm} - {baseline} ({first['final_eval_problems']} problems x "
-            f"{first['final_eval_k']} samples, {first['final_eval_backend']}, {seeds} seeds, paired by seed and "
-            f"problem): {mean:+.3f} [{low:+.3f}, {high:+.3f}]")
+            f"{first['final_eval_k']} samples, {first['final_eval_backend']}; paired by seed and problem, 95% paired t "
+            f"over the seeds, n = {seeds} seeds): " + interval_text(mean, low, high, "{:+.3f}"))
+
+
+def final_eval_seeds_line(summaries: list[dict], arm: str) -> str | None:
+    """Each seed's ``--final-eval`` accuracy with a 95% t-interval over the problems (the noise of
+    one run's score; the spread between seeds is the comparison's)."""
+    runs = sorted((s for s in summaries if s["arm"] == arm and s.get("final_eval_correct")), key=lambda s: s["seed"])
+    if not runs:
+        return None
+    cells = []
+    for run in runs:
+        per_problem = [c / run["final_eval_k"] for c in run["final_eval_correct"]]
+        cells.append(f"seed {run['seed']} " + interval_text(*t_interval(per_problem), "{:.3f}"))
+    return (f"- final validation per seed, {arm} (95% t over the {len(runs[0]['final_eval_correct'])} problems): "
+            + ", ".join(cells))
 
 
 if __name__ == "__main__":

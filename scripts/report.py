@@ -9,8 +9,11 @@
 Reads the ``summary.json`` of each comparison ``scripts/compare.py`` wrote (a file or its
 folder; default: every ``results/*/summary.json``) and writes, under ``--out``, ``report.md``
 and one PNG per table that has runs: baselines vs IBPO, the ablations (k = 1, shaping only),
-the lambda and alpha sweeps, and CIW. Each cell is the mean and 95% bootstrap CI over seeds;
-rows with fewer than 3 seeds are marked ``*(n=2)*``; arms not run yet are listed as such.
+the lambda and alpha sweeps, and CIW. Each cell is the mean and 95% t-interval over seeds;
+each table has its arms' validation accuracy minus a reference arm's (paired t over the shared
+seeds), and a paragraph says how many such comparisons the report holds (they are not
+simultaneous); rows with fewer than 3 seeds are marked ``*(n=2)*``; arms not run yet are listed
+as such.
 ``--eval LABEL=PATH`` adds benchmark tables from ``python -m ibpo_lit evaluate --combine ...
 --output PATH`` (or a single run's ``--output``). ``--doc [PATH]`` (default ``docs/results.md``;
 ``--readme PATH`` is the old name, still accepted) replaces the text between

@@ -4,7 +4,8 @@
         --problems ../shared/data/gsm8k_train.jsonl --num_prompts 4 --batches 16 \\
         --methods gspo gspo_large_group ibpo_plain ibpo_ratio ibpo_mask gspo_ciw \\
         [--ckpt_path runs/x/checkpoints/last.ckpt] --out results/variance/untrained.json
-    python scripts/variance_at_fixed_policy.py --report results/variance/untrained.json
+    python scripts/variance_at_fixed_policy.py --report results/variance/untrained.json \
+        [--out results/variance/untrained.json]     # recompute the statistics and intervals, and save them
 
 For each method (an arm of ``ibpo_lit.experiments.arms``: GSPO at the small group G, GSPO at 4G,
 IBPO plain/ratio/mask at G, GSPO + CIW at G) it runs the real training step on the same
@@ -12,9 +13,9 @@ IBPO plain/ratio/mask at G, GSPO + CIW at G) it runs the real training step on t
 optimizer never steps), and records each prompt's part of the policy gradient on a parameter
 subset (``--param_filter``): rollouts, verifier, corrections, shaping, advantages and CIW are
 exactly what ``fit`` runs. ``ibpo_lit.experiments.variance`` turns the parts into the trace of the
-gradient's covariance across batches, each batch's cosine to the other batches' mean, both at
-equal rows and equal compute (estimated FLOPs of generation, corrections and one update), with
-95% bootstrap intervals over seeds and prompts.
+gradient's covariance across batches, each batch's cosine to the other batches' mean and the
+signal-to-noise, the trace at equal rows and equal compute (estimated FLOPs of generation,
+corrections and one update), with 95% jackknife intervals over batches and prompts.
 
 The weights are the config's model (untrained) or a checkpoint's policy (``--ckpt_path``). The
 rollouts are sampled with the HF engine whatever the config says (the policy itself; no engine
@@ -40,7 +41,7 @@ from lightning.pytorch.callbacks import Callback
 
 from ibpo_lit.algorithms.diagnostics import estimate_flops
 from ibpo_lit.experiments.arms import ARMS, ArmSettings
-from ibpo_lit.experiments.variance import bootstrap_ratio, bootstrap_snr_difference, own_grams, summarize
+from ibpo_lit.experiments.variance import jackknife_interval, snr_difference, summarize, summarize_grams, trace_ratio
 
 DEFAULT_METHODS = ["gspo", "gspo_large_group", "ibpo_plain", "ibpo_ratio", "ibpo_mask", "gspo_ciw"]
 # Callbacks that log, stop or measure on their own; the measurement needs none of them.
@@ -143,8 +144,7 @@ def measure(base: dict, method: str, args, root: str) -> dict:
     if any(sorted(p) != uids for p in collector.parts):
         raise RuntimeError("the batches did not all hold the same prompts")
     parts = torch.stack([torch.stack([batch[u] for u in uids]) for batch in collector.parts])  # [M, P, D]
-    out = summarize(parts, sum(collector.rows) / len(collector.rows), sum(collector.flops) / len(collector.flops),
-                    n_resamples=args.n_resamples, seed=args.seed)
+    out = summarize(parts, sum(collector.rows) / len(collector.rows), sum(collector.flops) / len(collector.flops))
     out.update({"method": method, "prompt_ids": [str(u) for u in uids], "rollout_digests": collector.rollout_digests,
                 "seconds_per_batch": seconds / len(collector.parts),
                 "group_size": cli.model.rollout_cfg.group_size})
@@ -166,11 +166,11 @@ def write_problems(path: str, num_prompts: int, offset: int, repeat: bool) -> st
     return out
 
 
-def comparison(results: dict[str, dict], baseline: str, n_resamples: int = 1000, seed: int = 0) -> dict[str, dict]:
+def comparison(results: dict[str, dict], baseline: str) -> dict[str, dict]:
     """Each method against ``baseline``: trace ratios at equal batches, equal rows, equal FLOPs,
-    and the difference in signal-to-noise, with 95% intervals paired by prompt and by batch
-    (``bootstrap_ratio``, ``bootstrap_snr_difference``: batch m of every method samples with the
-    same rollout seeds) when both measured the same prompts."""
+    and the difference in signal-to-noise, with 95% jackknife intervals paired by prompt and by
+    batch (``jackknife_interval``: the same batch and prompt left out of both; batch m of every
+    method samples with the same rollout seeds) when both measured the same prompts."""
     if baseline not in results:
         return {}
     ref = results[baseline]
@@ -185,8 +185,8 @@ def comparison(results: dict[str, dict], baseline: str, n_resamples: int = 1000,
                "snr_minus_baseline": r["signal_to_noise"] - ref["signal_to_noise"]}
         if r["prompt_ids"] == ref["prompt_ids"]:
             cross, ref_cross = torch.tensor(r["prompt_cross_grams"]), torch.tensor(ref["prompt_cross_grams"])
-            row["snr_minus_baseline_ci"] = list(bootstrap_snr_difference(cross, ref_cross, n_resamples, seed))
-            lo, hi = bootstrap_ratio(own_grams(cross), own_grams(ref_cross), n_resamples, seed)
+            row["snr_minus_baseline_ci"] = list(jackknife_interval(snr_difference, [cross, ref_cross])[1:])
+            _, lo, hi = jackknife_interval(trace_ratio, [cross, ref_cross], log=True)
             # Rows and FLOPs per batch are each method's means: constants that scale the interval.
             for key, scale in (("trace_ratio", 1.0),
                                ("trace_ratio_equal_rows", r["rows_per_batch"] / ref["rows_per_batch"]),
@@ -210,16 +210,17 @@ def _ratio(q: dict, key: str, sign: str = "") -> str:
 
 
 def markdown(results: dict[str, dict], ratios: dict[str, dict], baseline: str = "gspo") -> str:
-    head = (f"| method | G | rows | trace Cov [95% CI] | / {baseline}, per batch | / {baseline}, equal rows "
-            f"| / {baseline}, equal FLOPs | cosine to mean [95% CI] | signal/noise [95% CI] "
+    head = (f"| method | G | rows | trace Cov [95% CI] | cross-prompt share | / {baseline}, per batch "
+            f"| / {baseline}, equal rows | / {baseline}, equal FLOPs | cosine to mean [95% CI] | signal/noise [95% CI] "
             f"| signal/noise - {baseline} | TFLOP/batch | s/batch |")
-    lines = [head, "|" + " --- |" * 12]
+    lines = [head, "|" + " --- |" * 13]
     for m, r in results.items():
         q = ratios.get(m)
         vs = " | ".join(_ratio(q, k) for k in ("trace_ratio", "trace_ratio_equal_rows", "trace_ratio_equal_flops")) \
             if q else "- | - | -"
         lines.append(f"| {m} | {r['group_size']} | {r['rows_per_batch']:.0f} | {r['trace_cov']:.3g} "
-                     f"[{r['trace_cov_ci'][0]:.3g}, {r['trace_cov_ci'][1]:.3g}] | {vs} | {r['cosine_to_mean']:.3f} "
+                     f"[{r['trace_cov_ci'][0]:.3g}, {r['trace_cov_ci'][1]:.3g}] | {r['cross_prompt_share']:+.0%} "
+                     f"| {vs} | {r['cosine_to_mean']:.3f} "
                      f"[{r['cosine_to_mean_ci'][0]:.3f}, {r['cosine_to_mean_ci'][1]:.3f}] "
                      f"| {_ratio(r, 'signal_to_noise')} | {_ratio(q, 'snr_minus_baseline', '+') if q else '-'} "
                      f"| {r['flops_per_batch'] / 1e12:.2f} | {r['seconds_per_batch']:.1f} |")
@@ -231,8 +232,8 @@ def parse_args(argv: Optional[list[str]] = None):
     parser.add_argument("--config", help="base fit config (model, decoding, IBPO settings)")
     parser.add_argument("--problems", help="JSONL problems in the config's data fields")
     parser.add_argument("--report", metavar="JSON", default=None,
-                        help="measure nothing: print the table of a saved --out file, its ratios recomputed "
-                             "with the run's own --n_resamples and --seed")
+                        help="measure nothing: print the table of a saved --out file, every statistic and interval "
+                             "recomputed from its cross Grams (with --out: saved there, the measurements unchanged)")
     parser.add_argument("--num_prompts", type=int, default=4)
     parser.add_argument("--offset", type=int, default=0, help="first record of --problems used")
     parser.add_argument("--repeat_one", action="store_true",
@@ -244,8 +245,6 @@ def parse_args(argv: Optional[list[str]] = None):
     parser.add_argument("--param_filter", default=r"layers\.0\.self_attn\.(q|v)_proj",
                         help="regex of the parameters whose gradient is measured")
     parser.add_argument("--ckpt_path", default=None, help="a checkpoint whose policy weights are measured")
-    parser.add_argument("--n_resamples", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     parser.add_argument("--out", default=None, help="write the results JSON here")
     parser.add_argument("--overrides", nargs="*", default=[],
                         help="dotted config keys set on the base, e.g. model.rollout.sampling.max_new_tokens=64")
@@ -255,22 +254,43 @@ def parse_args(argv: Optional[list[str]] = None):
     return args
 
 
-def report_table(path: str) -> str:
-    """The table of a saved run, its intervals recomputed with the run's own resamples and seed."""
+def recomputed(saved: dict) -> dict:
+    """A saved run with every statistic and interval recomputed from its cross Grams (what was
+    measured: Grams, rows, FLOPs, prompts, digests, seconds, stays as it was)."""
+    if any("prompt_cross_grams" not in r for r in saved["results"].values()):
+        raise SystemExit("the file was written by an older version of this script (no prompt_cross_grams, "
+                         "which the intervals need): measure it again")
+    results = {}
+    for method, r in saved["results"].items():
+        stats = summarize_grams(torch.tensor(r["prompt_cross_grams"]), r["rows_per_batch"], r["flops_per_batch"])
+        results[method] = {**{k: v for k, v in r.items() if k != "prompt_cross_grams"}, **stats,
+                           "prompt_cross_grams": r["prompt_cross_grams"]}
+    # n_resamples and seed were the bootstrap's, which the jackknife replaced
+    settings = {k: v for k, v in saved["settings"].items() if k not in ("n_resamples", "seed")}
+    return {**saved, "settings": settings, "results": results,
+            "vs_baseline": comparison(results, settings["baseline"]),
+            "statistics": "recomputed from the cross Grams by `--report`: 95% delete-one jackknife intervals "
+                          "(ibpo_lit/experiments/variance.py)"}
+
+
+def report_table(path: str, out: Optional[str] = None) -> str:
+    """The table of a saved run, every statistic and interval recomputed; saved to ``out`` when given."""
     with open(path) as f:
         saved = json.load(f)
-    if any("prompt_cross_grams" not in r for r in saved["results"].values()):
-        raise SystemExit(f"{path} was written by an older version of this script (no prompt_cross_grams, "
-                         "which the signal-to-noise intervals need): measure it again")
-    settings = saved["settings"]
-    ratios = comparison(saved["results"], settings["baseline"], settings["n_resamples"], settings["seed"])
-    return markdown(saved["results"], ratios, settings["baseline"])
+    try:
+        report = recomputed(saved)
+    except SystemExit as e:
+        raise SystemExit(f"{path}: {e}") from None
+    if out:
+        with open(out, "w") as f:
+            f.write(_compact_json(report))
+    return markdown(report["results"], report["vs_baseline"], report["settings"]["baseline"])
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
     args = parse_args(argv)
     if args.report is not None:
-        table = report_table(args.report)
+        table = report_table(args.report, args.out)
         print(table)
         return {"table": table}
     if args.batches < 2:
@@ -294,7 +314,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
                       f"{results[method]['seconds_per_batch']:.1f} s each", flush=True)
     finally:
         shutil.rmtree(os.path.dirname(args.problems_file))
-    ratios = comparison(results, args.baseline, args.n_resamples, args.seed)
+    ratios = comparison(results, args.baseline)
     report = {"command": " ".join(["python", "scripts/variance_at_fixed_policy.py", *(argv or sys.argv[1:])]),
               "settings": {k: v for k, v in vars(args).items() if k != "problems_file"},
               "results": results, "vs_baseline": ratios}

@@ -37,7 +37,7 @@ def build_parser() -> ArgumentParser:
         "verifier. --baselines adds the IBPO paper's "
         "baselines from the same samples: test-time compare-and-correct (verifier-free, or an ORACLE that "
         "picks the reference with the gold) and Best-of-N, which with the gold verifier equals pass@N. "
-        "To combine runs of several seeds into a mean and 95% bootstrap CI: "
+        "To combine runs of several seeds into a mean and 95% t-interval over the seeds: "
         f"{PROG} --combine RUN1.json RUN2.json ... [--output PATH].",
     )
     parser.add_argument("--config", action=ActionConfigFile, help="YAML file with any of these options.")
@@ -47,10 +47,14 @@ def build_parser() -> ArgumentParser:
 
 
 def build_combine_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog=f"{PROG} --combine", description="Mean and bootstrap CI per metric across runs.")
+    parser = ArgumentParser(prog=f"{PROG} --combine",
+                            description="Mean and confidence interval per metric across runs (seeds).")
     parser.add_argument("--combine", type=str, nargs="+", required=True, help="Result JSONs of one evaluation, one per seed.")
     parser.add_argument("--confidence", type=float, default=0.95, help="Coverage of the interval.")
-    parser.add_argument("--n_resamples", type=int, default=10000, help="Bootstrap resamples.")
+    parser.add_argument("--interval", type=str, choices=["t", "bootstrap"], default="t",
+                        help="t: Student's t over the runs (right for a few seeds); bootstrap: percentile "
+                             "bootstrap, which with 3 runs is their range and covers ~75%%, not 95%%.")
+    parser.add_argument("--n_resamples", type=int, default=10000, help="Resamples of --interval bootstrap.")
     parser.add_argument("--output", type=Optional[str], default=None, help="Write the combined JSON here.")
     return parser
 
@@ -72,7 +76,7 @@ def evaluate_main(argv: list[str] | None = None) -> int:
 
 def _combine_main(argv: list[str]) -> int:
     cfg = build_combine_parser().parse_args(argv)
-    combined = combine_runs(cfg.combine, confidence=cfg.confidence, n_resamples=cfg.n_resamples)
+    combined = combine_runs(cfg.combine, confidence=cfg.confidence, n_resamples=cfg.n_resamples, interval=cfg.interval)
     if combined["duplicate_seeds"]:
         print(f"warning: runs share seeds {combined['seeds']}; the interval is too narrow", file=sys.stderr)
     if cfg.output:

@@ -42,6 +42,7 @@ def combined_table(combined: Mapping[str, Any]) -> str:
     """Mean and CI per metric across runs, as a markdown table."""
     k = combined.get("k")
     pct = round(100 * combined["confidence"])
+    interval = {"t": "t", "bootstrap": "percentile bootstrap"}.get(combined.get("interval", "bootstrap"))
     rows = [
         [_metric_label(name, k), _fmt(m["mean"]), f"[{_fmt(m['low'])}, {_fmt(m['high'])}]",
          ", ".join(_fmt(v) for v in m["values"])]
@@ -49,7 +50,7 @@ def combined_table(combined: Mapping[str, Any]) -> str:
     ]
     title = (f"{combined['benchmark']} | {combined['model']} | {combined['n_runs']} runs "
              f"(seeds {combined['seeds']}) | {combined['n_problems']} problems\n\n")
-    return title + _table(["metric", "mean", f"{pct}% CI", "runs"], rows)
+    return title + _table(["metric", "mean", f"{pct}% CI ({interval}, n = {combined['n_runs']})", "runs"], rows)
 
 
 def _fmt(value: Any) -> str:

@@ -1,11 +1,12 @@
 """Tables and plots of a comparison from run summaries (``runs.summarize_run``): means and
-95% bootstrap CIs across seeds, and the series against compute."""
+95% t-intervals across seeds (``cells``), and the series against compute."""
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
-from ibpo_lit.evaluation.bootstrap import bootstrap_ci
-from ibpo_lit.experiments.cells import ci_cell, paired_ratios
+from ibpo_lit.evaluation.bootstrap import log_t_interval, paired_t_interval
+from ibpo_lit.experiments.cells import ci_cell, paired_ratios, paired_values
 from ibpo_lit.experiments.runs import at_compute
 
 TABLE_COLUMNS = [
@@ -29,6 +30,12 @@ FINAL_EVAL_COLUMNS = [
 ]
 
 
+# Accuracies, rewards, success rates and shares: their intervals are clipped to [0, 1]; the other
+# columns (steps, compute, seconds, variance) to [0, inf).
+SHARES = {"baseline_val", "final_val", "first_reward", "final_reward", "correction_success_first",
+          "correction_success_last", "cov_y_phi_negative_share", "baseline_eval", "final_eval"}
+
+
 def by_arm(summaries: list[dict]) -> dict[str, list[dict]]:
     arms: dict[str, list[dict]] = defaultdict(list)
     for summary in summaries:
@@ -37,7 +44,7 @@ def by_arm(summaries: list[dict]) -> dict[str, list[dict]]:
 
 
 def markdown_table(summaries: list[dict]) -> str:
-    """One row per arm: mean [95% bootstrap CI] over its seeds for each column."""
+    """One row per arm: mean [95% t-interval] over its seeds for each column."""
     columns = TABLE_COLUMNS + [c for c in FINAL_EVAL_COLUMNS if any(s.get(c[0]) is not None for s in summaries)]
     header = "| arm | seeds | " + " | ".join(title for _, title, _ in columns) + " |"
     lines = [header, "|" + " --- |" * (len(columns) + 2)]
@@ -45,18 +52,30 @@ def markdown_table(summaries: list[dict]) -> str:
         cells = []
         for key, _, fmt in columns:
             scale = 1e-12 if key == "flops" else 1.0
-            cells.append(ci_cell([r.get(key) for r in runs], fmt, scale))
+            cells.append(ci_cell([r.get(key) for r in runs], fmt, scale, (0.0, 1.0) if key in SHARES else (0.0, math.inf)))
         lines.append(f"| {arm} | {len(runs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def gradient_variance_ratio(summaries: list[dict], arm: str, baseline: str) -> tuple[float, float, float] | None:
-    """Mean [95% CI] of ``arm``'s gradient-variance trace over ``baseline``'s, pairing seeds."""
+def gradient_variance_ratio(summaries: list[dict], arm: str, baseline: str) -> tuple[float, float, float, int] | None:
+    """``(geometric mean, low, high, seeds)`` of ``arm``'s gradient-variance trace over
+    ``baseline``'s, pairing seeds, with a 95% t-interval on the logs (NaN bounds for one seed)."""
     arms = by_arm(summaries)
     if arm not in arms or baseline not in arms:
         return None
     ratios = paired_ratios(arms[arm], arms[baseline], "grad_var_trace")
-    return bootstrap_ci(ratios) if ratios else None
+    return (*log_t_interval(ratios), len(ratios)) if ratios else None
+
+
+def paired_difference(summaries: list[dict], arm: str, baseline: str, key: str = "final_val"
+                      ) -> tuple[float, float, float, int] | None:
+    """``(mean, low, high, seeds)`` of ``arm``'s ``key`` minus ``baseline``'s at the same seed,
+    with a 95% paired t-interval (NaN bounds for one pair); None without a pair."""
+    arms = by_arm(summaries)
+    if arm not in arms or baseline not in arms:
+        return None
+    a, b = paired_values(arms[arm], arms[baseline], lambda r: r.get(key))
+    return (*paired_t_interval(a, b), len(a)) if a else None
 
 
 def plot(summaries: list[dict], path: str) -> None:

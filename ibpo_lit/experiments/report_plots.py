@@ -3,8 +3,9 @@
 - training reward against compute (estimated TFLOP, generation and corrections included);
 - correction success per step (``train/correction_success``), IBPO arms only;
 - ``Cov(Y, phi)`` per step (``ibpo/cov_y_phi``; Assumption A.1 expects it below 0);
-- the gradient-variance ratio to each arm's baseline (``tables.GRAD_VAR_BASELINES``): mean and
-  95% bootstrap CI over seeds, with each seed's ratio as a dot; 1 = the baseline's variance.
+- the gradient-variance ratio to each arm's baseline (``tables.GRAD_VAR_BASELINES``): geometric
+  mean and 95% t-interval on the logs over seeds (as the tables), with each seed's ratio as a
+  dot; 1 = the baseline's variance.
 One line per run, one colour per row (an arm within one comparison). matplotlib is imported
 only when a figure is drawn.
 """
@@ -13,7 +14,9 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from ibpo_lit.evaluation.bootstrap import bootstrap_ci
+import math
+
+from ibpo_lit.evaluation.bootstrap import log_t_interval
 from ibpo_lit.experiments.runs import at_compute
 from ibpo_lit.experiments.tables import TableSpec, grad_var_ratios, row_runs
 
@@ -52,19 +55,21 @@ def table_figure(spec: TableSpec, summaries: Sequence[dict], path: str) -> bool:
         if ratios:
             bars.append((label, colour, ratios))
     for k, (label, colour, ratios) in enumerate(bars):
-        mean, low, high = bootstrap_ci(ratios)
-        ratio_ax.bar(k, mean, width=0.6, color=colour, alpha=0.6, yerr=[[mean - low], [high - mean]],
-                     capsize=4, ecolor="grey")
+        mean, low, high = log_t_interval(ratios)
+        error = None if math.isnan(low) else [[mean - low], [high - mean]]  # one seed: no interval
+        ratio_ax.bar(k, mean, width=0.6, color=colour, alpha=0.6, yerr=error, capsize=4, ecolor="grey")
         ratio_ax.scatter([k + 0.15] * len(ratios), ratios, color="black", s=12, zorder=3)
     ratio_ax.set_xlim(-0.75, max(len(bars), 2) - 0.25)
     ratio_ax.set_xticks(range(len(bars)), [label for label, _, _ in bars], rotation=20, ha="right", fontsize=8)
     ratio_ax.axhline(1.0, color="grey", lw=1, ls="--")
+    if bars:
+        ratio_ax.set_yscale("log")  # ratios are multiplicative: 0.5 and 2 lie as far from 1
     cov_ax.axhline(0.0, color="grey", lw=1, ls="--")
     titles = [
         (reward_ax, "training reward", "compute (TFLOP, estimated)"),
         (success_ax, "correction success", "optimizer step"),
         (cov_ax, "Cov(Y, phi)", "optimizer step"),
-        (ratio_ax, "gradient variance / baseline (bar: mean, 95% CI; dots: seeds)", ""),
+        (ratio_ax, "grad var / baseline (geometric mean, 95% t; dots: seeds)", ""),
     ]
     for ax, title, xlabel in titles:
         ax.set_title(title)

@@ -3,38 +3,55 @@
 Each method draws M independent rollout batches (different seeds) for the same P prompts at the
 same weights; a batch's gradient on a parameter subset is the sum of its prompts' parts,
 ``g_m = sum_p g_{m,p}`` (each part computed with the whole batch's loss denominators, so the
-sum is the batch gradient exactly). From the [M, P, D] parts:
+sum is the batch gradient exactly). Everything below is computed from the inner products of the
+parts, ``cross_grams`` [P, P, M, M] (``<g_{i,p}, g_{j,q}>``), which the results keep, so the
+statistics and their intervals can be recomputed after the fact without the [M, P, D] parts:
 
-- ``trace_cov``: the trace of the gradient's covariance across batches (unbiased, over M), the
-  estimator's total variance;
-- ``cosine_to_mean``: each batch gradient's cosine to the mean of the OTHER batches (leave one
-  out, so a batch is not compared with itself): a signal-to-noise measure that does not depend
-  on the gradient's scale;
-- ``resampled_snr``: ``|E g|^2 / tr Cov``, scale-free like the cosine, and with intervals over
-  prompts as well (it is built from sums over prompts, the cosine is not);
-- ``bootstrap_trace``: a 95% percentile interval of the trace over seeds and prompts at once
-  (``bootstrap_ratio``: of one method's trace over another's, prompts and batches drawn for both
-  at once; ``bootstrap_snr`` and ``bootstrap_snr_difference`` likewise for the signal-to-noise).
-  The trace is ``sum_p v_p`` plus cross-prompt covariances, where ``v_p`` is prompt p's own
-  trace across batches; the cross terms are 0 in expectation when each prompt's rollouts have
-  their own seeds and their advantages are normalised within the prompt's group (the
-  ``group`` scale), so the interval resamples batches and prompts and sums the drawn prompts'
-  ``v_p``. (Summing drawn parts instead would count a prompt drawn twice with 4x its variance
-  and double the trace on average.) The signal-to-noise needs the cross-prompt inner products
-  too (the mean gradient is a sum over prompts): ``cross_grams`` keeps them, [P, P, M, M].
-  ``bootstrap_cosine`` resamples batches only (the cosine is not a sum over prompts).
+- ``batch_gram``: the [M, M] Gram matrix of the batch gradients (the sum of every prompt pair's
+  block); of a subset of the prompts, rescaled to P prompts (below).
+- ``gram_trace``: the trace of the batch gradient's covariance across batches (unbiased, over
+  M), the estimator's total variance. It includes the cross-prompt covariances: prompts share
+  the batch's loss denominators, and on the stored runs the cross terms are -9% to +18% of the
+  trace, so leaving them out would measure another quantity than the batch gradient's variance.
+- ``gram_cosine``: each batch gradient's cosine to the mean of the OTHER batches (leave one out,
+  so a batch is not compared with itself), averaged: a signal-to-noise measure that does not
+  depend on the gradient's scale.
+- ``gram_snr``: ``|E g|^2 / tr Cov`` (``signal_to_noise``, the ``tr / M`` bias of ``|mean|^2``
+  taken off), scale-free like the cosine; same trace as ``gram_trace``.
+- ``jackknife_interval``: a 95% interval for any of these, or for a ratio or difference of two
+  methods measured on the same prompts (the same batch and prompt left out of both: paired),
+  from delete-one jackknives over batches and over prompts. Why not the bootstrap used before:
+  a resample that draws a batch twice has two identical gradients, which lowers its trace and
+  raises its signal-to-noise, so the percentile intervals leaned (the trace's toward 0, the
+  signal-to-noise's upward, with long right tails). A jackknife never duplicates a batch.
+
+How the jackknife is built. Leaving batch m out gives the statistic of M - 1 batches; leaving
+prompt p out gives it for the other P - 1 prompts, rescaled to P prompts as a U-statistic (the
+prompts' own blocks x P / (P - 1), the cross-prompt blocks x P (P - 1) / ((P - 1)(P - 2)) =
+P / (P - 2)), so that "a batch of P prompts" is the quantity throughout. Each source gives a
+jackknife variance ``(n - 1) / n * sum (theta_i - mean)^2``; they are added (which counts the
+batch x prompt interaction twice: slightly conservative, as Owen's pigeonhole bootstrap), and the
+interval is ``point -+ t_df * sqrt(V)`` with Satterthwaite's degrees of freedom between M - 1
+and P - 1. Traces and ratios of traces are positive and skewed: their intervals are built on
+the log scale. The cosine is not a sum over prompts (its rescaled Gram need not be positive
+definite), so its interval leaves out batches only: it is conditional on the P prompts.
 
 For i.i.d. rows the trace falls as 1/rows; ``per_row`` and ``per_flop`` scale it by the batch's
 rows or FLOPs so that methods are compared at equal rows or equal compute (variance x cost:
 lower is a better estimator for the cost).
+
+What is not covered: intervals for fewer than 2 batches or 2 prompts (the jackknife needs
+both; with 1 prompt only batches are left out); simultaneous intervals over methods.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
+
+from ibpo_lit.evaluation.bootstrap import t_quantile
 
 
 def trace_cov(grads: Tensor) -> float:
@@ -67,204 +84,154 @@ def batch_gradients(parts: Tensor) -> Tensor:
     return parts.sum(dim=1)
 
 
-def prompt_grams(parts: Tensor) -> Tensor:
-    """[P, M, M] each prompt's Gram matrix of its parts across batches, ``<g_{i,p}, g_{j,p}>``.
-    Everything the trace and its bootstrap need, in P*M*M numbers instead of P*M*D: the results
-    keep them, so two methods can be compared with intervals after the fact."""
-    g = parts.double()
-    return torch.einsum("ipd,jpd->pij", g, g)
-
-
 def cross_grams(parts: Tensor) -> Tensor:
     """[P, P, M, M] the inner products of every prompt's part in every batch with every other's,
-    ``<g_{i,p}, g_{j,q}>``: what the signal-to-noise and its intervals need (the mean gradient is
-    a sum over prompts), in P*P*M*M numbers instead of P*M*D. ``own_grams`` is its diagonal."""
+    ``<g_{i,p}, g_{j,q}>``: everything the statistics and their intervals need, in P*P*M*M
+    numbers instead of P*M*D."""
     g = parts.double()
     return torch.einsum("ipd,jqd->pqij", g, g)
 
 
-def own_grams(cross: Tensor) -> Tensor:
-    """[P, M, M] each prompt's own Gram matrix (``prompt_grams``) from the cross Gram [P, P, M, M]."""
-    return cross.diagonal(dim1=0, dim2=1).permute(2, 0, 1)
+def batch_gram(cross: Tensor, prompts: Optional[Sequence[int]] = None) -> Tensor:
+    """[M, M] Gram matrix of the batch gradients from the cross Gram [P, P, M, M]. With
+    ``prompts`` (a subset of s of the P), the Gram a batch of P prompts would have if the others
+    were like these: own blocks x P / s, cross-prompt blocks x P (P - 1) / (s (s - 1)); all
+    prompts give the batch gradients' Gram exactly."""
+    p = cross.shape[0]
+    if prompts is not None:
+        keep = torch.as_tensor(list(prompts), dtype=torch.long)
+        cross = cross[keep][:, keep]
+    s = cross.shape[0]
+    own = cross.diagonal(dim1=0, dim2=1).sum(dim=-1)
+    others = cross.sum(dim=(0, 1)) - own
+    if s == p:
+        return own + others
+    return own * (p / s) + (others * (p * (p - 1) / (s * (s - 1))) if s > 1 else 0.0)
 
 
-def gram_trace(gram: Tensor, counts: Optional[Tensor] = None) -> Tensor:
-    """The unbiased trace of covariance of M vectors from their Gram matrix [..., M, M]:
-    ``sum_i |g_i - mean|^2 / (M - 1) = (tr G - sum(G) / M) / (M - 1)``; with ``counts`` [M], of
-    the M vectors drawn ``counts[i]`` times each (a bootstrap resample's batches)."""
+def gram_trace(gram: Tensor) -> float:
+    """The unbiased trace of covariance of M vectors from their Gram matrix [M, M]:
+    ``sum_i |g_i - mean|^2 / (M - 1) = (tr G - sum(G) / M) / (M - 1)``."""
     m = gram.shape[-1]
-    if counts is None:
-        counts = torch.ones(m, dtype=gram.dtype, device=gram.device)
-    diag, total = _row_sums(gram, counts)
-    return (diag - total / m) / (m - 1)
+    if m < 2:
+        raise ValueError(f"need at least 2 batches, got {m}")
+    return float((torch.trace(gram) - gram.sum() / m) / (m - 1))
 
 
-def prompt_traces(parts: Tensor) -> Tensor:
-    """[P] each prompt's own trace of covariance across the M batches (unbiased)."""
-    return gram_trace(prompt_grams(parts))
+def gram_mean_sq(gram: Tensor) -> float:
+    """``|mean of the M vectors|^2`` from their Gram matrix."""
+    return float(gram.sum() / gram.shape[-1] ** 2)
 
 
-def _percentiles(values: list[float], confidence: float) -> tuple[float, float]:
-    values = sorted(values)
-    tail = (1 - confidence) / 2
-    return values[int(math.floor(tail * (len(values) - 1)))], values[int(math.ceil((1 - tail) * (len(values) - 1)))]
+def gram_snr(gram: Tensor) -> float:
+    """``signal_to_noise`` of M batch gradients from their Gram matrix."""
+    return signal_to_noise(gram_mean_sq(gram), gram_trace(gram), gram.shape[-1])
 
 
-def _resampled_rows(m: int, generator: torch.Generator) -> Tensor:
-    while True:  # a resample of one distinct batch has no spread to measure
-        rows = torch.randint(m, (m,), generator=generator)
-        if len(set(rows.tolist())) > 1:
-            return rows
+def gram_cosine(gram: Tensor) -> float:
+    """The mean over batches of each batch gradient's cosine to the mean of the others
+    (``cosine_to_mean``), from their Gram matrix."""
+    m = gram.shape[-1]
+    row, diag, total = gram.sum(dim=1), gram.diagonal(), gram.sum()
+    dot = (row - diag) / (m - 1)  # <g_i, mean of the others>
+    others_sq = (total - 2 * row + diag) / (m - 1) ** 2  # |mean of the others|^2
+    norms = torch.sqrt(diag.clamp_min(1e-16) * others_sq.clamp_min(1e-16))  # a zero gradient: cosine 0
+    return float((dot / norms).mean())
 
 
-def _bootstrap(statistic, p: int, m: int, n_resamples: int, seed: int, confidence: float) -> tuple[float, float]:
-    """Percentile interval of ``statistic(rows, prompts)`` over resamples that draw M batches and P
-    prompts with replacement. A statistic that returns None has no value on that resample (a
-    ratio whose baseline drew only zero-gradient prompts) and is left out."""
-    generator = torch.Generator().manual_seed(seed)
-    values = []
-    for _ in range(n_resamples):
-        rows = _resampled_rows(m, generator)
-        prompts = torch.randint(p, (p,), generator=generator)
-        value = statistic(rows, prompts)
-        if value is not None:
-            values.append(value)
-    if not values:
-        raise ValueError("the statistic has no value on any resample (the baseline's gradient is zero on every one)")
-    return _percentiles(values, confidence)
+def _drop(gram: Tensor, m: int) -> Tensor:
+    keep = [i for i in range(gram.shape[-1]) if i != m]
+    return gram[keep][:, keep]
 
 
-def _row_sums(gram: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
-    """``sum_i c_i G_ii`` and ``sum_ij c_i c_j G_ij`` of Gram matrices [..., M, M] over batches drawn
-    ``counts`` [M] times each: the drawn batches' Gram sums without copying it per resample."""
-    diag = gram.diagonal(dim1=-2, dim2=-1) @ counts
-    return diag, (gram @ counts) @ counts
+def _jackknife_variance(values: Sequence[float]) -> float:
+    n = len(values)
+    mean = sum(values) / n
+    return (n - 1) / n * sum((v - mean) ** 2 for v in values)
 
 
-def _resampled_trace(grams: Tensor, rows: Tensor, prompts: Tensor) -> float:
-    """The trace of a resample: the drawn prompts' own traces over the drawn batches (``gram_trace``
-    of the drawn rows, from counts)."""
-    counts = torch.bincount(rows, minlength=grams.shape[-1]).to(grams.dtype)
-    return float(gram_trace(grams, counts)[prompts].sum())
+def jackknife_interval(statistic: Callable[..., float], crosses: Sequence[Tensor], prompts: bool = True,
+                       log: bool = False, confidence: float = 0.95) -> tuple[float, float, float]:
+    """``(point, low, high)`` of ``statistic(*grams)``, one [M, M] batch Gram per method in
+    ``crosses`` (their cross Grams [P, P, M, M], measured on the same prompts with as many
+    batches), from delete-one jackknives over batches and, with ``prompts``, over prompts
+    (see the module docstring). ``log``: the interval is built on ``log(statistic)`` (for a
+    positive statistic; the linear scale is used when some leave-one-out value is not positive).
+    NaN bounds when the statistic has no value on some leave-one-out (a zero trace below a ratio)."""
+    first = crosses[0]
+    for other in crosses[1:]:
+        if other.shape[0] != first.shape[0]:
+            raise ValueError(f"the methods were measured on {first.shape[0]} and {other.shape[0]} prompts")
+        if other.shape[-1] != first.shape[-1]:
+            raise ValueError(f"paired batches need as many batches in each method, got {first.shape[-1]} "
+                             f"and {other.shape[-1]}")
+    p, m = first.shape[0], first.shape[-1]
+    grams = [batch_gram(c) for c in crosses]
+    point = statistic(*grams)
+    by_batch = [statistic(*(_drop(g, i) for g in grams)) for i in range(m)]
+    by_prompt = [statistic(*(batch_gram(c, [q for q in range(p) if q != i]) for c in crosses))
+                 for i in range(p)] if prompts and p > 1 else []
+    values = [point, *by_batch, *by_prompt]
+    if not all(math.isfinite(v) for v in values):
+        return point, math.nan, math.nan
+    use_log = log and all(v > 0 for v in values)
+    f = math.log if use_log else (lambda v: v)
+    var_b = _jackknife_variance([f(v) for v in by_batch])
+    var_p = _jackknife_variance([f(v) for v in by_prompt]) if by_prompt else 0.0
+    total = var_b + var_p
+    if total == 0:
+        return point, point, point
+    df = total ** 2 / (var_b ** 2 / (m - 1) + (var_p ** 2 / (p - 1) if by_prompt else 0.0))
+    half = t_quantile(confidence, df) * math.sqrt(total)
+    if use_log:
+        return point, math.exp(math.log(point) - half), math.exp(math.log(point) + half)
+    return point, point - half, point + half
 
 
-def resampled_snr(cross: Tensor, rows: Optional[Tensor] = None, prompts: Optional[Tensor] = None) -> float:
-    """``signal_to_noise`` of the batches ``rows`` of the prompts ``prompts`` (all of them by
-    default: the point estimate) from the cross Gram [P, P, M, M]. Each drawn prompt counts as an
-    instance of its own: the noise is the drawn prompts' own traces summed (as in the trace's
-    interval), the signal ``|sum of the drawn prompts' mean parts|^2``. Two copies of one prompt
-    share its noise, so each pair of copies carries ``v_p / M`` more of ``|mean|^2``'s bias, taken
-    off with the rest. With every prompt once this is ``signal_to_noise(|mean|^2, sum_p v_p, M)``."""
-    p, m = cross.shape[0], cross.shape[2]
-    # Draws as counts: what a resample sums over its drawn batches and prompts, without copying
-    # the [P, P, M, M] Gram for every resample.
-    c = torch.ones(m, dtype=cross.dtype) if rows is None else torch.bincount(rows, minlength=m).to(cross.dtype)
-    n = torch.ones(p, dtype=cross.dtype) if prompts is None else torch.bincount(prompts, minlength=p).to(cross.dtype)
-    mean_dot = _row_sums(cross, c)[1] / m ** 2  # [P, P] <mean part p, mean part q> over the drawn batches
-    own = gram_trace(own_grams(cross), c)  # [P] each prompt's own trace over the drawn batches
-    copies_bias = float((n * (n - 1)) @ own) / m  # n draws of a prompt: n (n - 1) pairs of copies
-    return signal_to_noise(float(n @ mean_dot @ n) - copies_bias, float(n @ own), m)
+def trace_ratio(a: Tensor, b: Tensor) -> float:
+    """``gram_trace(a) / gram_trace(b)`` (NaN when b's is 0)."""
+    den = gram_trace(b)
+    return gram_trace(a) / den if den > 0 else math.nan
 
 
-def bootstrap_trace(parts: Tensor, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of the trace, batches and prompts resampled (see the module docstring)."""
-    return bootstrap_trace_from_grams(prompt_grams(parts), n_resamples, seed, confidence)
+def snr_difference(a: Tensor, b: Tensor) -> float:
+    """``gram_snr(a) - gram_snr(b)``: a difference, not a ratio (a signal estimate can be below 0)."""
+    return gram_snr(a) - gram_snr(b)
 
 
-def bootstrap_trace_from_grams(grams: Tensor, n_resamples: int = 1000, seed: int = 0,
-                               confidence: float = 0.95) -> tuple[float, float]:
-    return _bootstrap(lambda rows, prompts: _resampled_trace(grams, rows, prompts),
-                      grams.shape[0], grams.shape[1], n_resamples, seed, confidence)
-
-
-def _check_paired(a: Tensor, b: Tensor, paired_batches: bool = True) -> None:
-    if a.shape[0] != b.shape[0]:
-        raise ValueError(f"the methods were measured on {a.shape[0]} and {b.shape[0]} prompts")
-    if paired_batches and a.shape[-1] != b.shape[-1]:
-        raise ValueError(f"paired batches need as many batches in each method, got {a.shape[-1]} and {b.shape[-1]}")
-
-
-def bootstrap_ratio(grams_a: Tensor, grams_b: Tensor, n_resamples: int = 1000, seed: int = 0,
-                    confidence: float = 0.95, paired_batches: bool = True) -> tuple[float, float]:
-    """Percentile interval of ``trace_a / trace_b`` for two methods measured on the same prompts.
-    The prompts are drawn once per resample for both (how hard a prompt is, the largest source
-    of spread, cancels in the ratio). With ``paired_batches`` the batches are drawn once for both
-    as well: batch m of every method samples with the same rollout seeds (``training.seeding``
-    makes them a function of seed, step and row), so methods at the same G share their rollouts
-    and the batch-to-batch luck (which groups came out mixed) cancels too. Drawing batch m for
-    both at once is valid whether or not the two are dependent, because the pairs
-    (batch m of a, batch m of b) are i.i.d. over m; ``paired_batches=False`` draws b's batches
-    on their own (for batches that are not matched by index)."""
-    _check_paired(grams_a, grams_b, paired_batches)
-    own_rows = torch.Generator().manual_seed(seed + 1)  # b's batches when they are not paired
-
-    def ratio(rows, prompts):
-        rows_b = rows if paired_batches else _resampled_rows(grams_b.shape[1], own_rows)
-        denominator = _resampled_trace(grams_b, rows_b, prompts)
-        return _resampled_trace(grams_a, rows, prompts) / denominator if denominator > 0 else None
-
-    return _bootstrap(ratio, grams_a.shape[0], grams_a.shape[1], n_resamples, seed, confidence)
-
-
-def bootstrap_snr(cross: Tensor, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of the signal-to-noise, batches and prompts resampled."""
-    return _bootstrap(lambda rows, prompts: resampled_snr(cross, rows, prompts),
-                      cross.shape[0], cross.shape[2], n_resamples, seed, confidence)
-
-
-def bootstrap_snr_difference(cross_a: Tensor, cross_b: Tensor, n_resamples: int = 1000, seed: int = 0,
-                             confidence: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of ``snr_a - snr_b``, paired by prompt and by batch as in
-    ``bootstrap_ratio``. A difference, not a ratio: a resample's signal can be estimated below 0."""
-    _check_paired(cross_a, cross_b)
-    return _bootstrap(lambda rows, prompts: resampled_snr(cross_a, rows, prompts) - resampled_snr(cross_b, rows, prompts),
-                      cross_a.shape[0], cross_a.shape[2], n_resamples, seed, confidence)
-
-
-def bootstrap_cosine(parts: Tensor, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of the mean leave-one-out cosine, batches resampled. A drawn batch is
-    compared with the drawn batches that are not copies of itself (a copy in "the others" would
-    make it look like the mean)."""
-    m = parts.shape[0]
-    grads = batch_gradients(parts).double()
-    generator = torch.Generator().manual_seed(seed)
-    values = []
-    for _ in range(n_resamples):
-        rows = _resampled_rows(m, generator)
-        same = rows[:, None] == rows[None, :]  # [M, M] copies of one batch
-        others = ((~same).double() @ grads[rows]) / (~same).sum(dim=1, keepdim=True).double()
-        values.append(float(torch.nn.functional.cosine_similarity(grads[rows], others, dim=1).mean()))
-    return _percentiles(values, confidence)
-
-
-def summarize(parts: Tensor, rows_per_batch: float, flops_per_batch: float, n_resamples: int = 1000,
-              seed: int = 0) -> dict:
-    """The method's numbers: trace, cosine, signal-to-noise, and the trace at equal rows and equal
-    compute, with CIs."""
-    grads = batch_gradients(parts)
-    trace = trace_cov(grads)
-    cos = cosine_to_mean(grads)
-    cross = cross_grams(parts)
-    trace_ci = bootstrap_trace_from_grams(own_grams(cross), n_resamples, seed)
-    cos_ci = bootstrap_cosine(parts, n_resamples, seed)
+def summarize_grams(cross: Tensor, rows_per_batch: float, flops_per_batch: float) -> dict:
+    """The method's numbers from its cross Gram [P, P, M, M]: trace, cosine, signal-to-noise, and
+    the trace at equal rows and equal compute, with 95% jackknife intervals."""
+    gram = batch_gram(cross)
+    trace, lo, hi = jackknife_interval(gram_trace, [cross], log=True)
+    own = sum(gram_trace(cross[p, p]) for p in range(cross.shape[0]))
     return {
-        "batches": int(parts.shape[0]),
-        "prompts": int(parts.shape[1]),
-        "dims": int(parts.shape[2]),
+        "batches": int(cross.shape[-1]),
+        "prompts": int(cross.shape[0]),
         "rows_per_batch": rows_per_batch,
         "flops_per_batch": flops_per_batch,
+        "intervals": "95% delete-one jackknife over batches and prompts (cosine: batches), t with "
+                     "Satterthwaite's df; traces on the log scale",
         "trace_cov": trace,
-        "trace_cov_ci": list(trace_ci),
-        "cosine_to_mean": float(cos.mean()),
-        "cosine_to_mean_ci": list(cos_ci),
-        "mean_grad_sq_norm": float((grads.double().mean(dim=0) ** 2).sum()),
-        "signal_to_noise": resampled_snr(cross),
-        "signal_to_noise_ci": list(bootstrap_snr(cross, n_resamples, seed)),
+        "trace_cov_ci": [lo, hi],
+        # the cross-prompt covariances' part of the trace (in it, and in its interval)
+        "cross_prompt_share": (trace - own) / trace if trace > 0 else math.nan,
+        "cosine_to_mean": gram_cosine(gram),
+        "cosine_to_mean_ci": list(jackknife_interval(gram_cosine, [cross], prompts=False)[1:]),
+        "mean_grad_sq_norm": gram_mean_sq(gram),
+        "signal_to_noise": gram_snr(gram),
+        "signal_to_noise_ci": list(jackknife_interval(gram_snr, [cross])[1:]),
         # Variance x cost: what the same variance costs (lower: more signal per row / per FLOP).
         "trace_cov_x_rows": trace * rows_per_batch,
-        "trace_cov_x_rows_ci": [v * rows_per_batch for v in trace_ci],
+        "trace_cov_x_rows_ci": [lo * rows_per_batch, hi * rows_per_batch],
         "trace_cov_x_flops": trace * flops_per_batch,
-        "trace_cov_x_flops_ci": [v * flops_per_batch for v in trace_ci],
-        # For intervals between methods after the fact (bootstrap_ratio, bootstrap_snr_difference).
-        "prompt_cross_grams": cross.tolist(),
+        "trace_cov_x_flops_ci": [lo * flops_per_batch, hi * flops_per_batch],
     }
+
+
+def summarize(parts: Tensor, rows_per_batch: float, flops_per_batch: float) -> dict:
+    """``summarize_grams`` of the parts [M, P, D], with the cross Gram kept (for intervals
+    between methods after the fact, and for recomputing these)."""
+    cross = cross_grams(parts)
+    return {**summarize_grams(cross, rows_per_batch, flops_per_batch), "dims": int(parts.shape[2]),
+            "prompt_cross_grams": cross.tolist()}

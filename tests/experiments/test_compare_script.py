@@ -71,4 +71,6 @@ def test_final_eval_scores_each_runs_last_checkpoint_on_the_held_out_stream(tmp_
         assert not (out / "runs" / f"{s['arm']}_s0" / "checkpoints" / "last.ckpt").exists()  # deleted after
     table = (out / "compare.md").read_text()
     assert "final-eval, end" in table
-    assert "- final validation, ibpo_plain - gspo_large_group (5 problems x 2 samples, hf, 1 seeds" in table
+    assert "- final validation, ibpo_plain - gspo_large_group (5 problems x 2 samples, hf; paired by seed" in table
+    assert "n = 1 seeds): " in table  # one seed: the difference, no interval
+    assert "- final validation per seed, ibpo_plain (95% t over the 5 problems): seed 0 " in table

@@ -53,7 +53,7 @@ def test_default_run_reads_every_comparison_and_writes_report_and_figures(report
     assert (out / "report.md").read_text() == text
     assert "Runs from `results/compare_main`, `results/compare_ablations`." in text  # both feed the ablations
     assert "| ibpo_plain | results/compare_main | 3 | 0.400 [" in text
-    assert "| k1 *(n=2)* | results/compare_ablations | 2 | 0.400 [0.400, 0.400] |" in text
+    assert "| k1 *(n=2)* | results/compare_ablations | 2 | 0.400 (all equal) |" in text
     assert "| ibpo_ratio | not run |" in text
     for name in ("baselines", "ablations"):
         assert (out / f"{name}.png").stat().st_size > 10_000 and f"]({name}.png)" in text
