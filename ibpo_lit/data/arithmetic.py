@@ -1,16 +1,19 @@
 """Synthetic arithmetic problems made in code: "What is 47 + 8?" -> "55".
 
 What is covered:
-- Two-operand problems with ``+``, ``-`` and ``*``. Each operand first draws its digit count
+- Problems of ``operands`` numbers (two by default; more make multi-step problems such as
+  "What is 12 + 7 * 3 - 5?", evaluated with the usual precedence) with ``+``, ``-`` and ``*``. Each operand first draws its digit count
   uniformly from ``[min_digits, max_digits]``, then a value uniformly among the numbers with that
   many digits (one digit: 0-9), capped at ``max_operand`` when set.
 - Determinism: problem ``index`` is drawn from its own RNG seeded by ``(seed, index)``, so a
   stream position alone fixes the problem (exact resume, any number of workers) and it does not
   depend on Python's hash seed.
-- With ``allow_negative=False`` (the default) subtraction puts the larger operand first.
+- With ``allow_negative=False`` (the default) subtraction puts the larger operand first (two
+  operands), or a problem whose answer would be negative is drawn again from the same generator
+  (more operands).
 
 What is not covered:
-- Division, more than two operands, word problems.
+- Division, parentheses, word problems.
 """
 from __future__ import annotations
 
@@ -34,6 +37,8 @@ class ArithmeticConfig:
             tiny random model that earns reward only by luck).
         allow_negative: Allow negative answers from "-"; if false the larger operand comes first.
         seed: Seed of the problem stream; problem i is the same for the same seed.
+        operands: Numbers per problem (>= 2); more than two make multi-step problems, evaluated
+            with the usual precedence (``*`` before ``+`` and ``-``).
     """
 
     min_digits: int = 1
@@ -42,6 +47,7 @@ class ArithmeticConfig:
     max_operand: int | None = None
     allow_negative: bool = False
     seed: int = 0
+    operands: int = 2
 
     def __post_init__(self) -> None:
         if self.min_digits < 1:
@@ -54,6 +60,8 @@ class ArithmeticConfig:
         object.__setattr__(self, "ops", ops)  # lists from YAML become tuples
         if not ops or any(op not in OPS for op in ops):
             raise ValueError(f"arithmetic.ops must be a non-empty subset of {OPS}, got {ops}")
+        if self.operands < 2:
+            raise ValueError(f"arithmetic.operands must be >= 2, got {self.operands}")
         if self.max_operand is not None and self.max_operand < _smallest(self.min_digits):
             raise ValueError(
                 f"arithmetic.max_operand ({self.max_operand}) is below the smallest "
@@ -93,6 +101,8 @@ def arithmetic_problem(index: int, cfg: ArithmeticConfig) -> tuple[str, str]:
     if index < 0:
         raise ValueError(f"index must be >= 0, got {index}")
     rng = random.Random(f"ibpo-arithmetic:{cfg.seed}:{index}")  # str seeds hash with sha512
+    if cfg.operands > 2:
+        return _multi_step(rng, cfg)
     a, b = _operand(rng, cfg), _operand(rng, cfg)
     op = rng.choice(cfg.ops)
     if op == "+":
@@ -104,3 +114,33 @@ def arithmetic_problem(index: int, cfg: ArithmeticConfig) -> tuple[str, str]:
     else:
         result = a * b
     return f"What is {a} {op} {b}?", str(result)
+
+
+MAX_DRAWS = 1000  # a negative answer is drawn again; with "+" among the ops one soon is not
+
+
+def _multi_step(rng: random.Random, cfg: ArithmeticConfig) -> tuple[str, str]:
+    """``cfg.operands`` numbers joined by drawn operators, valued with the usual precedence
+    (products first, then sums and differences left to right)."""
+    for _ in range(MAX_DRAWS):
+        numbers = [_operand(rng, cfg) for _ in range(cfg.operands)]
+        ops = [rng.choice(cfg.ops) for _ in range(cfg.operands - 1)]
+        value = _value(numbers, ops)
+        if value >= 0 or cfg.allow_negative:
+            text = " ".join(f"{n} {op}" for n, op in zip(numbers, ops)) + f" {numbers[-1]}"
+            return f"What is {text}?", str(value)
+    raise ValueError(f"arithmetic: no problem with a non-negative answer in {MAX_DRAWS} draws "
+                     f"(ops {cfg.ops}); set allow_negative: true")
+
+
+def _value(numbers: list[int], ops: list[str]) -> int:
+    """The value of ``n0 op0 n1 op1 ...`` with ``*`` binding tighter than ``+`` and ``-``."""
+    terms, signs = [numbers[0]], [1]
+    for op, n in zip(ops, numbers[1:]):
+        if op == "*":
+            terms[-1] *= n
+        else:
+            terms.append(n)
+            signs.append(1 if op == "+" else -1)
+    return sum(sign * term for sign, term in zip(signs, terms))
+

@@ -76,3 +76,36 @@ def test_bad_config(kwargs, field):
 
 def test_ops_list_becomes_tuple():
     assert ArithmeticConfig(ops=["+", "-"]).ops == ("+", "-")
+
+
+def test_multi_step_problems_are_valued_with_the_usual_precedence():
+    import ast
+
+    from ibpo_lit.data.arithmetic import ArithmeticConfig, arithmetic_problem
+
+    cfg = ArithmeticConfig(operands=4, ops=("+", "-", "*"), max_digits=2)
+    seen_mixed = False
+    for i in range(300):
+        text, gold = arithmetic_problem(i, cfg)
+        expr = text.removeprefix("What is ").removesuffix("?")
+        assert len(expr.split()) == 7  # four numbers, three operators
+        # Python's own precedence (an AST of numbers and + - * only) is the reference
+        tree = ast.parse(expr, mode="eval")
+        assert all(isinstance(n, (ast.Expression, ast.BinOp, ast.Constant, ast.Add, ast.Sub, ast.Mult))
+                   for n in ast.walk(tree))
+        assert int(gold) == eval(compile(tree, "<problem>", "eval")) >= 0
+        seen_mixed |= "*" in expr and ("+" in expr or "-" in expr)
+        assert arithmetic_problem(i, cfg) == (text, gold)  # a function of (seed, index)
+    assert seen_mixed
+
+
+def test_two_operands_keep_their_stream_and_bad_counts_fail():
+    from ibpo_lit.data.arithmetic import ArithmeticConfig, arithmetic_problem
+
+    assert [arithmetic_problem(i, ArithmeticConfig(operands=2)) for i in range(20)] == \
+        [arithmetic_problem(i, ArithmeticConfig()) for i in range(20)]
+    assert arithmetic_problem(0, ArithmeticConfig()) == ("What is 7 + 4?", "11")  # the stream as it was
+    with pytest.raises(ValueError, match="operands must be >= 2"):
+        ArithmeticConfig(operands=1)
+    with pytest.raises(ValueError, match="allow_negative"):
+        arithmetic_problem(0, ArithmeticConfig(operands=12, ops=("-",), min_digits=2, max_digits=2))  # 99 - 11 * 10 < 0
