@@ -75,7 +75,7 @@ class TinyPolicy(nn.Module):
         before = torch.arange(t)[None, :] < torch.arange(t)[:, None]  # [t, u]: u drawn before t
         prefixes = torch.where(before[None], tokens[:, None, :], -1)  # [N, T, T]
         feats = self.features(prompts.repeat_interleave(t), torch.arange(t).repeat(n), prefixes.reshape(n * t, t))
-        logp = torch.log_softmax(self.logits(feats), -1).view(n, t, -1)
+        logp = torch.log_softmax(self.logits(feats), -1).view(n, t, self.problem.vocab)
         return logp.gather(-1, seqs[..., None]).squeeze(-1)
 
     def flat_params(self) -> list[Tensor]:
