@@ -46,6 +46,8 @@ from ibpo_lit.experiments.exact_gradient.report import (  # noqa: E402
 
 LEVELS = [0.4, 0.6]  # the trained states: the first GSPO iterate with J >= each
 SWEEP_STATES = ("init", "J>=0.4")
+# compared with GSPO at G = 10 too, whose sequences per step match IBPO's over a run
+MATCHED = ("gspo", "ibpo_plain", "ibpo_ratio", "ibpo_mask", "ibpo_corrections_only", "ibpo_k1", "gspo_G10")
 
 
 def log(message: str) -> None:
@@ -122,17 +124,18 @@ def curve_configs() -> tuple[list[dict], list[dict]]:
         if method.name == "grpo":  # the same estimator as GSPO on-policy (tests check it)
             continue
         main.append({"label": method.name, "method": method, "problem": base, "lr": 0.01, "baseline": "gspo"})
-    for g in (12, 16):
+    for g in (10, 12, 16):  # 10: about IBPO's sequences per step over a run (matched cost)
         main.append({"label": f"gspo_G{g}", "method": matched_gspo(g), "problem": base, "lr": 0.01, "baseline": "gspo"})
     plain = next(m for m in main_methods() if m.name == "ibpo_plain")
     sweep = []
     for lam in (0.2, 1.0, 1.9):
         sweep.append({"label": f"ibpo_plain_lam{lam}", "method": plain.with_(lam=lam), "problem": base, "lr": 0.01,
                       "baseline": "gspo"})
-    for spec in (CorrectorSpec("informative", 0.0), CorrectorSpec("informative", 0.5),
+    for spec in (CorrectorSpec("informative", 0.0, 0.1), CorrectorSpec("informative", 1.0, 0.0),
                  CorrectorSpec("uninformative", 1.0)):
-        sweep.append({"label": f"ibpo_plain_{spec.kind}_skill{spec.skill}", "method": plain.with_(corrector=spec),
-                      "problem": base, "lr": 0.01, "baseline": "gspo"})
+        label = f"ibpo_plain_{spec.kind}_skill{spec.skill}_loc{spec.locality}"
+        sweep.append({"label": label, "method": plain.with_(corrector=spec), "problem": base, "lr": 0.01,
+                      "baseline": "gspo"})
     for g in (4, 16):
         sweep.append({"label": f"ibpo_plain_G{g}", "method": plain.with_(group_size=g), "problem": base, "lr": 0.01,
                       "baseline": f"gspo_G{g}"})
@@ -151,7 +154,9 @@ def curve_configs() -> tuple[list[dict], list[dict]]:
 def stage_curves(args, out: Path) -> None:
     main, sweep = curve_configs()
     if args.quick:
-        main, sweep = main[:2], [c for c in sweep if c["label"] in ("gspo_G4", "ibpo_plain_G4")]
+        keep = set(MATCHED) | {"gspo"}
+        main = [c for c in main if c["label"] in keep]
+        sweep = [c for c in sweep if c["label"] in ("gspo_G4", "ibpo_plain_G4")]
     runs = run_curves(main, args.seeds, args.steps, log=log)
     sweep_runs = run_curves([c for c in sweep if c["baseline"] == c["label"]] +
                             [c for c in sweep if c["baseline"] != c["label"]], args.sweep_seeds, args.steps, log=log)
@@ -164,6 +169,7 @@ def stage_curves(args, out: Path) -> None:
                   "optimizer": "Adam"},
         "configs": [config_record(c) for c in main + sweep],
         "summaries": summarize_curves(main, runs),
+        "matched_summaries": summarize_curves([{"label": m, "baseline": "gspo_G10"} for m in MATCHED], runs),
         "sweep_summaries": summarize_curves(sweep, sweep_runs),
         "mean_curves": {label: mean_curve(runs + sweep_runs, label) for label in by_label},
         "runs": [{**r, "curve": [round(v, 5) for v in r["curve"]]} for r in runs + sweep_runs],
@@ -195,6 +201,8 @@ def report(out: Path) -> str:
         s = data["setup"]
         parts += [f"## Learning curves, {s['seeds']} seeds, {s['steps']} Adam steps", "",
                   curves_table(data["summaries"]), "",
+                  "Against GSPO at G = 10 (about IBPO's sequences per step over a run), the same runs:", "",
+                  curves_table(data["matched_summaries"]), "",
                   f"## Learning-curve sweeps, {s['sweep_seeds']} seeds", "", curves_table(data["sweep_summaries"]), ""]
     text = "\n".join(parts)
     (out / "report.md").write_text(text)
@@ -221,8 +229,8 @@ def main(argv=None) -> None:
     parser.add_argument("--sweep_draws", type=int, default=300, help="gradient draws per method, sweeps")
     parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples")
     parser.add_argument("--shaped_samples", type=int, default=32, help="corrections per response for Delta_bar")
-    parser.add_argument("--seeds", type=int, default=30, help="learning-curve seeds, main methods")
-    parser.add_argument("--sweep_seeds", type=int, default=20, help="learning-curve seeds, sweeps")
+    parser.add_argument("--seeds", type=int, default=50, help="learning-curve seeds, main methods")
+    parser.add_argument("--sweep_seeds", type=int, default=30, help="learning-curve seeds, sweeps")
     parser.add_argument("--steps", type=int, default=150, help="Adam steps per learning curve")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="tiny counts: a smoke run")

@@ -215,6 +215,7 @@ def test_correction_distribution_is_normalised_and_matches_its_draws():
     n = len(everything)
     logq = correction_logp(policy.token_logp(torch.zeros(n, dtype=torch.long), everything),
                            everything, anchor.expand(n, -1), rho.expand(n, -1)).sum(-1)
+    logq = logq.detach()
     assert float(logq.exp().sum()) == pytest.approx(1.0, abs=1e-12)
     draws = draw_corrections(pr, table, torch.zeros(20000, dtype=torch.long), anchor.expand(20000, -1),
                              rho.expand(20000, -1), torch.Generator().manual_seed(0))

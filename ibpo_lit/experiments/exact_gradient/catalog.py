@@ -2,8 +2,11 @@
 
 Every IBPO method uses the paper's settings unless its name says otherwise: lambda 0.6,
 beta 0.5, alpha 0.6, k = 1 correction per wrong rollout, partner from the group, joint
-training on corrections grouped by prompt, GSPO loss; the corrector is the sweep's (default:
-informative, skill 1, locality 0).
+training on corrections grouped by prompt, GSPO loss; the corrector is the sweep's, by default
+``DEFAULT_CORRECTOR``: informative, skill 0.75, locality 0.1 (about 2/3 of the corrections right at
+the initial policy, the policy redrawing a quarter of the fixable errors and a tenth of the rest,
+so that the correction samples' log-probs depend on it). A sweep moves one of its settings and
+keeps the others at the default.
 """
 from __future__ import annotations
 
@@ -13,10 +16,11 @@ from ibpo_lit.algorithms.ciw import CIWConfig
 from ibpo_lit.experiments.exact_gradient.corrector import CorrectorSpec
 from ibpo_lit.experiments.exact_gradient.estimators import Method
 
+DEFAULT_CORRECTOR = CorrectorSpec("informative", skill=0.75, locality=0.1)
 SELF_REVISION = CorrectorSpec("uninformative", skill=0.5)  # no partner: redraw half the tokens
 
 
-def main_methods(group_size: int = 8, corrector: CorrectorSpec = CorrectorSpec()) -> list[Method]:
+def main_methods(group_size: int = 8, corrector: CorrectorSpec = DEFAULT_CORRECTOR) -> list[Method]:
     """The first table's methods (a GSPO with more rollouts is added at matched cost)."""
     g = {"group_size": group_size}
     ibpo = {**g, "corrector": corrector}
@@ -40,7 +44,7 @@ def matched_gspo(group_size: int) -> Method:
     return Method(f"gspo_G{group_size}", group_size=group_size)
 
 
-SWEEP_METHODS = ("ibpo_plain", "ibpo_shaping_only", "ibpo_mask")
+SWEEP_METHODS = ("ibpo_plain", "ibpo_shaping_only", "ibpo_shaping_only_noscale", "ibpo_mask")
 
 
 def sweep_methods(group_size: int, corrector: CorrectorSpec, **ibpo_changes) -> list[Method]:
@@ -63,16 +67,16 @@ SWEEPS = {
 
 def sweep_point(axis: str, value, group_size: int = 8) -> tuple[list[Method], dict]:
     """``(methods, problem_changes)`` of one sweep point."""
-    corrector = CorrectorSpec()
+    corrector = DEFAULT_CORRECTOR
     changes, problem = {}, {}
     if axis == "lam":
         changes["lam"] = value
     elif axis == "skill_informative":
-        corrector = CorrectorSpec("informative", skill=value)
+        corrector = CorrectorSpec("informative", skill=value, locality=DEFAULT_CORRECTOR.locality)
     elif axis == "skill_uninformative":
         corrector = CorrectorSpec("uninformative", skill=value)
     elif axis == "locality":
-        corrector = CorrectorSpec("informative", skill=1.0, locality=value)
+        corrector = CorrectorSpec("informative", skill=DEFAULT_CORRECTOR.skill, locality=value)
     elif axis == "alpha":
         changes["alpha"] = value
     elif axis == "group_size":

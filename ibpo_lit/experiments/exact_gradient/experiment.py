@@ -162,13 +162,18 @@ def config_record(config: dict) -> dict:
             "method": _method_settings(config["method"])}
 
 
-def summarize_curves(configs: list[dict], runs: list[dict], targets=(0.8, 0.9), at_steps=(25, 50, 100),
+COLLAPSED = 0.05  # a prompt whose accuracy ends below this has collapsed onto wrong answers
+
+
+def summarize_curves(configs: list[dict], runs: list[dict], targets=(0.8, 0.9), at_steps=(25, 50, 100, 150),
                      budgets=(2000, 4000, 8000)) -> list[dict]:
     """Per config: for each target, the seeds that reached it, the mean steps and sequences to
     it (a seed that never does counts as the last step + 1 and its sequences by then: a
     restricted mean, optimistic for the methods that stall), and the paired difference to
     the baseline (same seed) with a 95% bootstrap CI over seeds; J at fixed steps and at fixed
-    sequence budgets, with their paired differences."""
+    sequence budgets, with their paired differences; the prompts collapsed at the end (accuracy
+    below ``COLLAPSED``) and their paired difference. ``configs`` need only ``label`` and
+    ``baseline``, so one set of runs can be compared with several baselines."""
     by_label: dict[str, dict[int, dict]] = {}
     for run in runs:
         by_label.setdefault(run["label"], {})[run["seed"]] = run
@@ -196,6 +201,10 @@ def summarize_curves(configs: list[dict], runs: list[dict], targets=(0.8, 0.9), 
                      "diff": _ci([value_at_budget(mine[s]["curve"], mine[s]["sequences"], b)
                                   - value_at_budget(base[s]["curve"], base[s]["sequences"], b) for s in seeds])}
             for b in budgets}
+        collapsed = {s: sum(a < COLLAPSED for a in mine[s]["final_accuracy"]) for s in seeds}
+        base_collapsed = {s: sum(a < COLLAPSED for a in base[s]["final_accuracy"]) for s in seeds}
+        record["collapsed_prompts"] = {"value": _ci([collapsed[s] for s in seeds]),
+                                       "diff": _ci([collapsed[s] - base_collapsed[s] for s in seeds])}
         out.append(record)
     return out
 

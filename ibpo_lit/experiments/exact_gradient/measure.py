@@ -121,14 +121,16 @@ def learning_curve(method: Method, problem: Problem, seed: int, lr: float, steps
     """Train a fresh policy (weights and rollouts from ``seed``: runs of one seed are paired)
     with Adam for ``steps`` steps of ``method``.
 
-    Returns ``curve``: the exact J before each step and after the last ([steps + 1]), and
-    ``sequences``: the sequences generated before each of those points ([steps + 1])."""
+    Returns ``curve``: the exact J before each step and after the last ([steps + 1]),
+    ``sequences``: the sequences generated before each of those points ([steps + 1]), and
+    ``final_accuracy``: each prompt's accuracy after the last step ([P])."""
     policy = TinyPolicy(problem, hidden=hidden, seed=seed)
     optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
     curve, sequences, total = [], [], 0
     for step in range(steps + 1):
         table = policy.log_table().detach()
-        curve.append(float(exact_objective(problem, table)[0]))
+        objective, accuracy = exact_objective(problem, table)
+        curve.append(float(objective))
         sequences.append(total)
         if step == steps:
             break
@@ -139,7 +141,7 @@ def learning_curve(method: Method, problem: Problem, seed: int, lr: float, steps
         if loss.requires_grad:
             loss.backward()
             optimizer.step()
-    return {"curve": curve, "sequences": sequences}
+    return {"curve": curve, "sequences": sequences, "final_accuracy": [round(float(a), 5) for a in accuracy]}
 
 
 def first_reaching(curve: list[float], target: float) -> Optional[int]:

@@ -79,12 +79,15 @@ def baseline_table(points: list[dict], baseline: str = "gspo") -> str:
     return _table(header, body)
 
 
-def curves_table(summaries: list[dict], targets=(0.8, 0.9), step: str = "50", budget: str = "4000") -> str:
-    """Learning curves: seeds reaching each target, steps and sequences to it, paired deltas."""
+def curves_table(summaries: list[dict], targets=(0.8, 0.9), step: str = "50", budget: str = "4000",
+                 final: str = "150") -> str:
+    """Learning curves: seeds reaching each target, steps and sequences to it, J at a step, at
+    a sequence budget and at the end, collapsed prompts; every d is paired with the baseline."""
     header = ["config", "vs", "seeds", "seq/step"]
     for t in targets:
-        header += [f"reached {t}", f"steps to {t}", f"d steps", f"seq to {t}", "d seq"]
-    header += [f"J @ {step} steps", "d J", f"J @ {budget} seq", "d J"]
+        header += [f"reached {t}", f"steps to {t}", "d steps", f"seq to {t}", "d seq"]
+    header += [f"J @ {step} steps", "d J", f"J @ {budget} seq", "d J", f"J @ {final} steps", "d J",
+               "collapsed prompts", "d"]
     body = []
     for s in summaries:
         row = [s["label"], s["baseline"], str(s["seeds"]), num(s["sequences_per_step"])]
@@ -94,7 +97,10 @@ def curves_table(summaries: list[dict], targets=(0.8, 0.9), step: str = "50", bu
                     ci(rec["sequences"]), signed(rec["sequences_diff"])]
         at_step = s["J_at_step"].get(step)
         at_budget = s["J_at_sequences"][budget]
+        at_final = s["J_at_step"].get(final)
         row += [ci(at_step["value"]) if at_step else "-", signed(at_step["diff"]) if at_step else "-",
-                ci(at_budget["value"]), signed(at_budget["diff"])]
+                ci(at_budget["value"]), signed(at_budget["diff"]),
+                ci(at_final["value"]) if at_final else "-", signed(at_final["diff"]) if at_final else "-",
+                ci(s["collapsed_prompts"]["value"]), signed(s["collapsed_prompts"]["diff"])]
         body.append(row)
     return _table(header, body)

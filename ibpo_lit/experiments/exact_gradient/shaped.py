@@ -9,7 +9,11 @@ differentiate through it), the shaped estimator's target is the gradient of
 
 ``Delta_bar(x, y) = E[Delta | x, y]`` over the partner (a right response with probability
 ``1 - (1 - p_x)^(G-1)``, the chance that one of the ``G - 1`` others is right, else a wrong
-one) and over the corrector. ``expected_delta`` estimates ``Delta_bar`` for every wrong
+one) and over the corrector. This is the target up to one coupling term: the group's baseline holds the others' shaped
+rewards, and a right ``y_i`` can be the partner that makes their corrections succeed, so
+``E[r'_j grad log pi(y_i)] != 0`` for ``j != i``; it grows with lambda (the sweeps report
+``cos(E g, grad J_shaped)`` of the ``none``-scaled estimator, the closest to this target).
+``expected_delta`` estimates ``Delta_bar`` for every wrong
 response by ``samples`` draws each (the only Monte-Carlo part; its error is ~1/sqrt(samples) of
 Delta's spread), ``shaped_gradient`` differentiates ``J_shaped`` exactly.
 
