@@ -104,3 +104,59 @@ def curves_table(summaries: list[dict], targets=(0.8, 0.9), step: str = "50", bu
                 ci(s["collapsed_prompts"]["value"]), signed(s["collapsed_prompts"]["diff"])]
         body.append(row)
     return _table(header, body)
+
+
+# ---------------------------------------------------------------------- condensed tables (docs)
+FIXED_COLUMNS = ("method", "seq/draw", "success", "tr / gspo", "SNR / gspo", "cos(E g, grad J)", "MSE / gspo",
+                 "MSE / gspo, equal cost", "cos(E g, grad J_shaped)")
+
+
+def fixed_summary(rows: list[dict], baseline: str = "gspo") -> str:
+    """The fixed-policy table, fewer columns."""
+    key = "vs_" + baseline
+    body = [[r["method"] + ("" if r["settings"]["group_size"] == 8 else f" (G={r['settings']['group_size']})"),
+             num(r["sequences"]), num(r["correction_success"], 2), ci(r[key]["trace"], 2), ci(r[key]["snr"], 2),
+             num(r["stats"]["cos_mean"], 3), ci(r[key]["rel_mse"], 2), ci(r[key]["rel_mse_cost"], 2),
+             num(r["cos_shaped"], 3)] for r in rows]
+    return _table(list(FIXED_COLUMNS), body)
+
+
+def sweep_summary(by_state: dict[str, list[dict]], method: str = "ibpo_plain", baseline: str = "gspo") -> str:
+    """One method along one axis, the states side by side: success, SNR and MSE ratios."""
+    key = "vs_" + baseline
+    header = ["value"]
+    for state in by_state:
+        header += [f"success ({state})", f"SNR / gspo ({state})", f"MSE / gspo ({state})", f"equal cost ({state})"]
+    values = [p["value"] for p in next(iter(by_state.values()))]
+    body = []
+    for i, value in enumerate(values):
+        row = [str(value)]
+        for points in by_state.values():
+            r = next(r for r in points[i]["rows"] if r["method"] == method)
+            row += [num(r["correction_success"], 2), ci(r[key]["snr"], 2), ci(r[key]["rel_mse"], 2),
+                    ci(r[key]["rel_mse_cost"], 2)]
+        body.append(row)
+    return _table(header, body)
+
+
+def curves_summary(summaries: list[dict], target: float = 0.8, budget: str = "4000", final: str = "150") -> str:
+    """Learning curves, fewer columns: each d is paired by seed with the row's baseline."""
+    header = ["config", "vs", "seeds", "seq/step", f"reached {target}", f"d steps to {target}",
+              f"d seq to {target}", f"d J @ {budget} seq", f"d J @ {final} steps", "d collapsed prompts"]
+    body = []
+    for s in summaries:
+        rec = s[f"target_{target}"]
+        at_final = s["J_at_step"].get(final)
+        body.append([s["label"], s["baseline"], str(s["seeds"]), num(s["sequences_per_step"]),
+                     f"{rec['reached']}/{s['seeds']}", signed(rec["steps_diff"]), signed(rec["sequences_diff"]),
+                     signed(s["J_at_sequences"][budget]["diff"]), signed(at_final["diff"]) if at_final else "-",
+                     signed(s["collapsed_prompts"]["diff"])])
+    return _table(header, body)
+
+
+def mean_curves_table(mean_curves: dict, labels: list[str], steps=(0, 25, 50, 100, 150)) -> str:
+    """Mean exact J over seeds at a few steps, one row per configuration."""
+    header = ["config"] + [f"J @ {k}" for k in steps]
+    body = [[label] + [num(mean_curves[label][k]) for k in steps] for label in labels
+            if mean_curves.get(label) and len(mean_curves[label]) > max(steps)]
+    return _table(header, body)
