@@ -54,7 +54,8 @@ def sweep_table(points: list[dict], baseline: str = "gspo") -> str:
     """One axis of a sweep: each value's IBPO methods against GSPO at the same state and G."""
     key = "vs_" + baseline
     header = ["value", "method", "seq/draw", "success", "shaped", "tr / gspo", "SNR / gspo", "cos(E g, grad J)",
-              "rel bias^2", "MSE / gspo", "MSE / gspo, equal cost", "cos(E g, grad J_shaped)"]
+              "rel bias^2", "MSE / gspo", "MSE / gspo, equal cost", "cos(E g, grad J_shaped)",
+              "cos(grad J_shaped, grad J)"]
     body = []
     for point in points:
         for r in point["rows"]:
@@ -63,7 +64,8 @@ def sweep_table(points: list[dict], baseline: str = "gspo") -> str:
             s, v = r["stats"], r[key]
             body.append([str(point["value"]), r["method"], num(r["sequences"]), num(r["correction_success"], 2),
                          num(r["shaped_frac"], 2), ci(v["trace"], 2), ci(v["snr"], 2), num(s["cos_mean"], 4),
-                         num(s["rel_bias2"], 2), ci(v["rel_mse"], 2), ci(v["rel_mse_cost"], 2), num(r["cos_shaped"], 4)])
+                         num(s["rel_bias2"], 2), ci(v["rel_mse"], 2), ci(v["rel_mse_cost"], 2), num(r["cos_shaped"], 4),
+                         num(r["cos_shaped_true"], 4)])
     return _table(header, body)
 
 
@@ -116,8 +118,8 @@ def fixed_summary(rows: list[dict], baseline: str = "gspo") -> str:
     key = "vs_" + baseline
     body = [[r["method"] + ("" if r["settings"]["group_size"] == 8 else f" (G={r['settings']['group_size']})"),
              num(r["sequences"]), num(r["correction_success"], 2), ci(r[key]["trace"], 2), ci(r[key]["snr"], 2),
-             num(r["stats"]["cos_mean"], 3), ci(r[key]["rel_mse"], 2), ci(r[key]["rel_mse_cost"], 2),
-             num(r["cos_shaped"], 3)] for r in rows]
+             num(r["stats"]["cos_mean"], 4), ci(r[key]["rel_mse"], 2), ci(r[key]["rel_mse_cost"], 2),
+             num(r["cos_shaped"], 4)] for r in rows]
     return _table(list(FIXED_COLUMNS), body)
 
 
