@@ -66,7 +66,7 @@ ALLOWED = {
     "config_checks": BASE | {"models", "plan", "rollout", "scale", "config"},
     "training": BASE | {"algorithms", "config", "data", "models", "rollout", "scale", "tasks"},
     "evaluation": BASE | {"config_checks", "data", "models", "rewards", "rollout", "tasks", "training"},
-    "experiments": BASE | {"data", "evaluation", "rollout"},
+    "experiments": BASE | {"algorithms", "data", "evaluation", "rollout"},  # the exact-gradient testbed runs the formulas
     "module": BASE | {"algorithms", "config", "config_checks", "data", "evaluation", "models", "rewards",
                       "rollout", "scale", "tasks", "training"},
     "callbacks": BASE | {"algorithms", "models", "rollout", "scale", "training"},  # never the module
