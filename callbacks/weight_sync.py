@@ -175,7 +175,7 @@ class VLLMWeightSync(L.Callback):
                 ).float()
         finally:
             ctx.policy.train(was_training)
-        mask = batch.response_mask
+        mask = batch.policy_mask
         mine = float(((trainer_logp - batch.rollout_logp).abs() * mask).sum() / mask.sum().clamp(min=1))
         # One verdict for every rank: a rank that raised alone would leave the others waiting
         # in their next collective. The worst rank decides (NaN worst of all).

@@ -17,6 +17,7 @@ from ibpo_lit.algorithms.shaping import validate_shaping
 from ibpo_lit.rollout.engine import SamplingConfig
 from ibpo_lit.rollout.factory import ENGINES, Backend
 from ibpo_lit.rollout.vllm_engine import VLLMConfig
+from ibpo_lit.rollout.tools import ToolConfig
 from ibpo_lit.tasks import CODE_COMPARE_TEMPLATE, CODE_REVISE_TEMPLATE, COMPARE_TEMPLATE, REVISE_TEMPLATE
 
 
@@ -250,6 +251,9 @@ class RolloutConfig:
             so rollout/trainer numerics cannot bias the ratio) or ``rollout`` (the engine's
             log-probs).
         seed: Base of every per-rollout sampling seed.
+        tools: Tool-integrated rollouts: the policy may write a Python cell mid-solution, which
+            runs in the code sandbox, its output appended as a tool turn (out of the loss) before
+            generation resumes (``ToolConfig``; docs/tools.md). Unset = off.
     """
 
     group_size: int = 8
@@ -260,6 +264,7 @@ class RolloutConfig:
     micro_batch_size: int = 8
     old_logp: Literal["trainer", "rollout"] = "trainer"
     seed: int = 0
+    tools: Optional[ToolConfig] = None
 
     def __post_init__(self) -> None:
         if self.group_size < 2:

@@ -47,12 +47,14 @@ from ibpo_lit.models.loading import load_policy, load_sharded_policy, model_file
 from ibpo_lit.rewards import RewardSpec, WeightedRewards, resolve_specs
 from ibpo_lit.rollout.engine import RolloutEngine
 from ibpo_lit.rollout.factory import build_engine
+from ibpo_lit.rollout.tools import tool_metrics, unwrap
 from ibpo_lit.rollout.weights import WeightSyncContext
 from ibpo_lit.scale.collectives import RankSync
 from ibpo_lit.scale.fsdp2 import FSDP2Plan, fp32_rotary_buffers
 from ibpo_lit.scale.launch_env import export_rank_env
 from ibpo_lit.scale.strategy import sharding_plan
 from ibpo_lit.tasks import get_task, scoring_pool
+from ibpo_lit.tool_use import with_tools
 from ibpo_lit.training.assemble import assemble_update
 from ibpo_lit.training.ciw_scorer import CIWScorer
 from ibpo_lit.training.corrections import CorrectionContext
@@ -248,11 +250,13 @@ class IBPOModule(L.LightningModule):
 
     def _build_engine(self) -> RolloutEngine:
         cfg = self.rollout_cfg
-        return build_engine(
+        engine = build_engine(
             self.policy, self.tokenizer, cfg.sampling, cfg.backend, vllm=cfg.vllm, dtype=self.dtype_name,
             model_path=model_files(self.model_name),
             reshard_after_forward=self._plan.reshard_after_forward if self._plan is not None else True,
+            stop_strings=cfg.tools is not None,
         )
+        return with_tools(engine, self.tokenizer, cfg.tools, self.sync.any)
 
     def setup(self, stage: str) -> None:
         # The cross-section checks (`ibpo_lit.config_checks`) for `Trainer.fit(module)` in Python,
@@ -281,6 +285,7 @@ class IBPOModule(L.LightningModule):
 
         # 1-2. rollouts, scored (a NaN reward is unscorable)
         rollouts, texts = self._generate(prompts)
+        tools = tool_metrics(self.engine)  # (empty without rollout.tools)
         clock.mark("generate")
         rewards = self.score(texts, [prompts[g] for g in rollouts.group_index.tolist()])
         self.unscorable_streak.check(rewards, self.sync, self._reward_failure())  # raises at the cap
@@ -306,7 +311,7 @@ class IBPOModule(L.LightningModule):
         clock.mark("update")
 
         metrics.update(self._end_round(scored, clock))
-        self._log_metrics({**metrics, **reward_metrics, **self._run_counts()})
+        self._log_metrics({**metrics, **reward_metrics, **tools, **self._run_counts()})
 
     def _end_round(self, scored: ScoredRollouts, clock: StepClock) -> dict[str, float]:
         """A generation round ends: its compute (``step_stats``, what the budget charges) and
@@ -442,7 +447,8 @@ class IBPOModule(L.LightningModule):
         """What keeping a separate rollout engine on the policy's weights needs from the run, as
         it is now (``callbacks.VLLMWeightSync``)."""
         return WeightSyncContext(
-            engine=self.engine, policy=self.policy, tokenizer=self.tokenizer, weights_version=self.weights_version,
+            engine=unwrap(self.engine), policy=self.policy, tokenizer=self.tokenizer,
+            weights_version=self.weights_version,
             num_mini_batches=self.rollout_cfg.num_mini_batches, device=self.device, sync=self.sync,
         )
 

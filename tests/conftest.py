@@ -31,7 +31,8 @@ def tiny_vllm(tmp_path_factory):
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     config = VLLMConfig(dtype="float32", cpu_kvcache_space_gib=1, max_model_len=256, load_format="auto")  # used before any sync
-    engine = VLLMRolloutEngine(str(folder), [2], 2, SamplingConfig(max_new_tokens=16), config)
+    engine = VLLMRolloutEngine(str(folder), [2], 2, SamplingConfig(max_new_tokens=16), config,
+                               tokenizer=str(folder))  # (its detokenizer: stop strings, tool rollouts)
     return engine, model, tokenizer
 
 

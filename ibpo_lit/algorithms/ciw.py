@@ -306,11 +306,22 @@ def detect_spans(pieces: Sequence[str], cfg: CIWConfig) -> list[Span]:
     return sorted(spans)
 
 
-def layout_response(pieces: Sequence[str], cfg: CIWConfig) -> ResponseLayout:
+def layout_response(pieces: Sequence[str], cfg: CIWConfig, tool: Sequence[bool] | None = None) -> ResponseLayout:
     """Regions, spans and formatting flags of a response's content pieces [n] (its tokens
-    before the closing EOS)."""
+    before the closing EOS).
+
+    ``tool`` [n]: True on tool-output tokens (tool-integrated rollouts). They are not reasoning:
+    their text is blanked before the search (an answer marker or a sentence printed by a program
+    is not the policy's), and no span holds one. (A masked copy keeps the tool's output as it
+    was: the counterfactual is the policy's text only.)"""
+    if tool is not None and any(tool):
+        if len(tool) != len(pieces):
+            raise ValueError(f"layout_response: {len(pieces)} pieces but {len(tool)} tool flags")
+        pieces = [" " * len(p) if t else p for p, t in zip(pieces, tool)]
     answer_start = find_answer_start(pieces, cfg)
     spans = () if answer_start is None else tuple(detect_spans(pieces[:answer_start], cfg))
+    if tool is not None and any(tool):
+        spans = tuple(s for s in spans if not any(tool[s.start:s.end]))
     formatting = tuple(piece.strip() in cfg.formatting_tokens for piece in pieces)
     return ResponseLayout(len(pieces), answer_start, spans, formatting)
 

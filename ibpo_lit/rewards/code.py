@@ -99,7 +99,7 @@ from ibpo_lit.rewards.sandbox.isolation import RUN_UID_RANGE, Isolation, Sandbox
 logger = logging.getLogger(__name__)
 
 STATUSES = ("pass", "fail", "timeout", "memory", "error")
-KINDS = ("assert", "stdin")
+KINDS = ("assert", "stdin", "run")  # run: a tool call, its output returned, no tests
 REWARD_MODES = ("all", "fraction")
 DEFAULT_TIMEOUT_S = 10.0  # per program, load and all tests together
 DEFAULT_MEMORY_MB = 1024
@@ -127,8 +127,10 @@ class CodeTests:
     """The tests of one problem, and how to run them: what a code gold string encodes.
 
     Args:
-        kind: "assert" (each test is Python source run by the judge; typically one ``assert``) or
-            "stdin" (each test is ``{"input": str, "output": str}``; the program reads stdin).
+        kind: "assert" (each test is Python source run by the judge; typically one ``assert``),
+            "stdin" (each test is ``{"input": str, "output": str}``; the program reads stdin) or
+            "run" (no tests: the program runs once and its output comes back, for tool calls:
+            ``ibpo_lit.rewards.python_tool``).
         tests: The tests, in order.
         setup: Trusted source run in the judge after the entry points are bound, before the
             tests (MBPP's ``test_setup_code``, which builds objects with the program's classes:
@@ -177,7 +179,9 @@ class CodeTests:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if self.reward not in REWARD_MODES:
             raise ValueError(f"reward must be one of {REWARD_MODES}, got {self.reward!r}")
-        if not self.tests:
+        if self.kind == "run" and self.tests:
+            raise ValueError("a run (a tool call) has no tests: its output is returned, not judged")
+        if not self.tests and self.kind != "run":
             raise ValueError("tests must not be empty")
         if self.kind == "assert" and not all(isinstance(t, str) for t in self.tests):
             raise ValueError("assert tests must be strings of Python source")
@@ -232,6 +236,8 @@ class CodeResult:
     detail: str = ""  # the first failure, for logs
     seconds: float = 0.0  # wall-clock time of the run, judge start to verdict
     run_id: str = ""  # names the run's cgroups and appears in the sandbox's command line
+    stdout: str = ""  # kind "run" only: what the program printed (its start), and
+    stderr: str = ""  # the tail of its stderr (a traceback)
 
     @property
     def fraction(self) -> float:
@@ -404,7 +410,7 @@ def run_code_tests(completion: str, spec: CodeTests, *, extract: bool = True,
         raise SandboxError(result["infra_error"])
     return CodeResult(passed=result["passed"], total=result["total"], status=result["status"],
                       tests=tuple(result["tests"]), detail=str(result["detail"])[:1000], seconds=seconds,
-                      run_id=run_id)
+                      run_id=run_id, stdout=str(result.get("stdout", "")), stderr=str(result.get("stderr", "")))
 
 
 def _watch(proc: subprocess.Popen, payload: bytes, timeout_s: float) -> tuple[bytes, bytes, bool, bool]:

@@ -8,7 +8,7 @@ response tokens all start at column ``Lp`` (the layout verl uses).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -27,6 +27,19 @@ class RolloutBatch:
     group_index: Tensor  # [B] long, the prompt (0..P-1) each response answers
     seeds: Tensor  # [B] long, the per-rollout sampling seed
     finished: Tensor  # [B] bool, True when the response ended with EOS (not cut at max length)
+    tool_mask: Optional[Tensor] = None  # [B, Lr] bool, True on tool-output tokens (tool-integrated
+    #                       rollouts: rollout/tools.py): in the sequence, not sampled, so out of the
+    #                       loss and the importance ratio (``policy_mask``); rollout_logp 0 there.
+    #                       None at construction: all False.
+
+    def __post_init__(self) -> None:
+        if self.tool_mask is None:
+            self.tool_mask = torch.zeros_like(self.response_mask)
+
+    @property
+    def policy_mask(self) -> Tensor:  # [B, Lr] bool
+        """The tokens the policy sampled: the response without its tool turns (what is trained)."""
+        return self.response_mask & ~self.tool_mask
 
     @staticmethod
     def from_lists(
@@ -37,8 +50,10 @@ class RolloutBatch:
         seeds: Sequence[int],
         group_index: Sequence[int],
         pad_token_id: int,
+        tool_masks: Optional[Sequence[Sequence[bool]]] = None,
     ) -> "RolloutBatch":
-        """A batch from unpadded per-row lists (what engines outside torch, like vLLM, return)."""
+        """A batch from unpadded per-row lists (what engines outside torch, like vLLM, return);
+        ``tool_masks``: per row, True on each tool-output token (None: none)."""
         rows = len(responses)
         lp = max((len(p) for p in prompts), default=0)
         lr = max((len(r) for r in responses), default=0)
@@ -47,6 +62,11 @@ class RolloutBatch:
         response_ids = torch.full((rows, lr), pad_token_id, dtype=torch.long)
         response_mask = torch.zeros((rows, lr), dtype=torch.bool)
         rollout_logp = torch.zeros((rows, lr), dtype=torch.float32)
+        tool_mask = torch.zeros((rows, lr), dtype=torch.bool)
+        for b, tools in enumerate(tool_masks or ()):
+            if len(tools) != len(responses[b]):
+                raise ValueError(f"row {b}: {len(responses[b])} response tokens but {len(tools)} tool flags")
+            tool_mask[b, : len(tools)] = torch.as_tensor(list(tools), dtype=torch.bool)
         for b, (prompt, response, logp) in enumerate(zip(prompts, responses, logps)):
             if len(logp) != len(response):
                 raise ValueError(f"row {b}: {len(response)} response tokens but {len(logp)} log-probs")
@@ -64,6 +84,7 @@ class RolloutBatch:
             group_index=torch.as_tensor(list(group_index), dtype=torch.long),
             seeds=torch.as_tensor(list(seeds), dtype=torch.long),
             finished=torch.as_tensor(list(finished), dtype=torch.bool),
+            tool_mask=tool_mask,
         )
 
     @staticmethod
@@ -104,6 +125,7 @@ class RolloutBatch:
             response_ids=self.response_ids[:, :lr],
             response_mask=self.response_mask[:, :lr],
             rollout_logp=self.rollout_logp[:, :lr],
+            tool_mask=self.tool_mask[:, :lr],
         )
 
     def to(self, device: torch.device | str) -> "RolloutBatch":
@@ -136,4 +158,5 @@ class RolloutBatch:
             group_index=torch.cat([b.group_index for b in batches]),
             seeds=torch.cat([b.seeds for b in batches]),
             finished=torch.cat([b.finished for b in batches]),
+            tool_mask=torch.cat([right(b.tool_mask, lr, False) for b in batches]),
         )

@@ -30,6 +30,10 @@ class SamplingConfig:
             changes only how tokens are drawn: the log-probs returned and trained on stay the
             model's own ``softmax(logits / temperature)``, without the penalty (as verl and TRL
             train), so with a penalty the rollouts are drawn slightly off the trained policy.
+        stop: Stop strings: a response ends once its text (this call's tokens, decoded) contains
+            one, the string kept in it (vLLM's ``stop`` with ``include_stop_str_in_output``); the
+            response counts as finished. Empty: only EOS and the length end a response.
+            Tool-integrated rollouts (``rollout.tools``) add their cell's closing text here.
     """
 
     temperature: float = 1.0
@@ -37,7 +41,8 @@ class SamplingConfig:
     top_k: int = 0
     min_p: float = 0.0
     max_new_tokens: int = 256
-    repetition_penalty: float = 1.0  # last: callers build this positionally
+    repetition_penalty: float = 1.0  # callers build the fields above positionally
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
@@ -50,6 +55,9 @@ class SamplingConfig:
             raise ValueError(f"sampling.min_p must be in [0, 1), got {self.min_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        self.stop = tuple(self.stop)
+        if any(not isinstance(x, str) or not x for x in self.stop):
+            raise ValueError(f"sampling.stop must be non-empty strings, got {self.stop!r}")
         if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
             raise ValueError(f"sampling.repetition_penalty must be a finite number > 0 (1 = off), "
                              f"got {self.repetition_penalty}")

@@ -46,12 +46,16 @@ class EngineSettings:
             (a training run's ``model``); None when no files do (see ``_vllm_engine``).
         reshard_after_forward: The FSDP2 plan's setting for a sharded policy's layers, restored
             after each HF generation.
+        stop_strings: The engine will be asked for stop strings (``SamplingConfig.stop``, as
+            tool-integrated rollouts do): vLLM then starts its detokenizer, which it skips
+            otherwise.
     """
 
     vllm: Optional[VLLMConfig] = None
     dtype: str = "float32"
     model_path: Optional[str] = None
     reshard_after_forward: bool = True
+    stop_strings: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ ENGINES = Registry("rollout backend")
 
 def build_engine(policy, tokenizer, sampling: SamplingConfig, backend: str, *, vllm: Optional[VLLMConfig] = None,
                  dtype: str = "float32", model_path: Optional[str] = None,
-                 reshard_after_forward: bool = True) -> RolloutEngine:
+                 reshard_after_forward: bool = True, stop_strings: bool = False) -> RolloutEngine:
     """The rollout engine of ``backend`` over ``policy`` (a Hugging Face causal LM, plain, LoRA or
     FSDP2-sharded), sampling with ``sampling`` by default.
 
@@ -85,7 +89,7 @@ def build_engine(policy, tokenizer, sampling: SamplingConfig, backend: str, *, v
     ``ValueError`` listing the valid names.
     """
     settings = EngineSettings(vllm=vllm, dtype=dtype, model_path=model_path,
-                              reshard_after_forward=reshard_after_forward)
+                              reshard_after_forward=reshard_after_forward, stop_strings=stop_strings)
     return ENGINES.get(backend).build(policy, tokenizer, sampling, settings)
 
 
@@ -94,7 +98,7 @@ def _hf_engine(policy, tokenizer, sampling: SamplingConfig, settings: EngineSett
     from ibpo_lit.rollout.hf import HFRolloutEngine  # transformers' generation code is slow to import
 
     return HFRolloutEngine(policy, eos_token_ids(policy, tokenizer), tokenizer.pad_token_id, sampling,
-                           reshard_after_forward=settings.reshard_after_forward)
+                           reshard_after_forward=settings.reshard_after_forward, tokenizer=tokenizer)
 
 
 def _vllm_engine(policy, tokenizer, sampling: SamplingConfig, settings: EngineSettings) -> RolloutEngine:
@@ -123,12 +127,16 @@ def _vllm_engine(policy, tokenizer, sampling: SamplingConfig, settings: EngineSe
     config = settings.vllm or VLLMConfig()
     eos, pad = eos_token_ids(policy, tokenizer), tokenizer.pad_token_id
     if settings.model_path is not None:
-        return VLLMRolloutEngine(settings.model_path, eos, pad, sampling, config, torch_dtype=settings.dtype)
+        return VLLMRolloutEngine(settings.model_path, eos, pad, sampling, config, torch_dtype=settings.dtype,
+                                 tokenizer=settings.model_path if settings.stop_strings else None)
     folder = tempfile.TemporaryDirectory(prefix="ibpo_lit_engine_")
-    # Each rank writes its own folder: the config is all vLLM reads with dummy weights.
+    # Each rank writes its own folder: the config is all vLLM reads with dummy weights (and the
+    # tokenizer, when its detokenizer must find stop strings).
     policy.config.save_pretrained(folder.name)
+    if settings.stop_strings:
+        tokenizer.save_pretrained(folder.name)
     engine = VLLMRolloutEngine(folder.name, eos, pad, sampling, dataclasses.replace(config, load_format="dummy"),
-                               torch_dtype=settings.dtype)
+                               torch_dtype=settings.dtype, tokenizer=folder.name if settings.stop_strings else None)
     engine.model_folder = folder
     manifest = SyncManifest()
     with torch.no_grad():

@@ -72,6 +72,7 @@ class HFRolloutEngine(RolloutEngine):
             None decodes all P * n rows together. Results do not depend on it.
         reshard_after_forward: For a model sharded with FSDP2: its decoder layers' setting,
             restored after each call (see ``gathered_weights``).
+        tokenizer: Decodes responses for ``SamplingConfig.stop`` (needed only with stop strings).
     """
 
     def __init__(
@@ -82,6 +83,7 @@ class HFRolloutEngine(RolloutEngine):
         sampling: SamplingConfig,
         max_batch_size: int | None = None,
         reshard_after_forward: bool = True,
+        tokenizer=None,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("HFRolloutEngine needs at least one eos_token_id")
@@ -93,6 +95,7 @@ class HFRolloutEngine(RolloutEngine):
         self.sampling = sampling
         self.max_batch_size = max_batch_size
         self.reshard_after_forward = reshard_after_forward
+        self.tokenizer = tokenizer
 
     def generate(
         self,
@@ -103,6 +106,8 @@ class HFRolloutEngine(RolloutEngine):
     ) -> RolloutBatch:
         sampling = sampling or self.sampling
         check_generate_args(prompts, n, seeds)
+        if sampling.stop and self.tokenizer is None:
+            raise ValueError("stop strings (sampling.stop) need the engine's tokenizer: HFRolloutEngine(tokenizer=...)")
         rows = [list(p) for p in prompts for _ in range(n)]  # prompt-major
         seeds = [int(s) for s in seeds]
         chunk = self.max_batch_size or max(len(rows), 1)
@@ -137,6 +142,7 @@ class HFRolloutEngine(RolloutEngine):
         # [B, Lp + max_new] the tokens each row has seen, for the penalty
         history = _penalty_history(prompt_ids, prompt_mask, max_new) if penalty is not None else None
         eos = torch.tensor(self.eos_token_ids, device=device)
+        stops = _StopStrings(sampling.stop, self.tokenizer) if sampling.stop else None
         temperature = sampling.temperature
 
         logits, cache, row_prompt_mask = self._prefill(prompts, device)  # [B, V], [B, ...], [B, Lp]
@@ -164,6 +170,8 @@ class HFRolloutEngine(RolloutEngine):
             masks[active, step] = True
             width = step + 1
             ended = torch.isin(token, eos)
+            if stops is not None:
+                ended |= stops.hit(tokens[active, : step + 1])
             done[active[ended]] = True
             if step + 1 == max_new or bool(ended.all()):
                 break
@@ -258,6 +266,21 @@ def _penalty_history(prompt_ids: Tensor, prompt_mask: Tensor, max_new: int) -> T
     history = first.expand(-1, prompt_ids.shape[1] + max_new).clone()
     history[:, : prompt_ids.shape[1]] = torch.where(prompt_mask, prompt_ids, first)
     return history
+
+
+class _StopStrings:
+    """Which rows' text now contains a stop string, vLLM's rule: checked after every token, on
+    this call's tokens only. Only the last ``window`` tokens are decoded: a token decodes to at
+    least one character, so a string completed by the newest token lies within its last
+    ``len(string)`` tokens (and a few more for decoding at the window's edge)."""
+
+    def __init__(self, stop: tuple[str, ...], tokenizer) -> None:
+        self.stop, self.tokenizer = stop, tokenizer
+        self.window = max(len(s) for s in stop) + 4
+
+    def hit(self, tokens: Tensor) -> Tensor:  # [A, step + 1] long -> [A] bool
+        texts = self.tokenizer.batch_decode(tokens[:, -self.window:].tolist(), skip_special_tokens=False)
+        return torch.tensor([any(s in t for s in self.stop) for t in texts], device=tokens.device)
 
 
 def _sample_rows(scores: Tensor, generators: list[torch.Generator], device: torch.device) -> Tensor:

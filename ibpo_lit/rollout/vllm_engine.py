@@ -175,6 +175,10 @@ class VLLMRolloutEngine(RolloutEngine):
         sampling: Default decoding settings; ``generate`` may override them per call.
         config: The engine's settings.
         torch_dtype: What ``config.dtype: auto`` resolves to (the trained model's dtype).
+        tokenizer: A folder or hub id of the policy's tokenizer, for vLLM's detokenizer, which
+            stop strings (``SamplingConfig.stop``: tool-integrated rollouts) need. None: vLLM
+            loads no tokenizer (``skip_tokenizer_init``; we decode once, after) and refuses stop
+            strings.
     """
 
     def __init__(
@@ -185,6 +189,7 @@ class VLLMRolloutEngine(RolloutEngine):
         sampling: SamplingConfig,
         config: VLLMConfig | None = None,
         torch_dtype: str = "float32",
+        tokenizer: Optional[str] = None,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("VLLMRolloutEngine needs at least one eos_token_id")
@@ -200,6 +205,7 @@ class VLLMRolloutEngine(RolloutEngine):
         # as long as the engine, whoever built it.
         self.model_folder: Optional[tempfile.TemporaryDirectory] = None
         self._group, self._group_rank = self._request_group()
+        self.tokenizer_path = tokenizer
         self.llm = self._start(model_path, torch_dtype)
 
     def _request_group(self):
@@ -250,13 +256,15 @@ class VLLMRolloutEngine(RolloutEngine):
             model=model_path,
             dtype=torch_dtype if cfg.dtype == "auto" else cfg.dtype,
             seed=cfg.seed,
-            skip_tokenizer_init=True,
+            skip_tokenizer_init=self.tokenizer_path is None,
             logprobs_mode="processed_logprobs",
             enforce_eager=(not self.on_gpu) if cfg.enforce_eager is None else cfg.enforce_eager,
             enable_prefix_caching=cfg.enable_prefix_caching,
             tensor_parallel_size=cfg.tensor_parallel_size,
             load_format=cfg.load_format,
         )
+        if self.tokenizer_path is not None:
+            kwargs["tokenizer"] = self.tokenizer_path
         if backend is not None:
             kwargs["distributed_executor_backend"] = backend
         if self.on_gpu:
@@ -319,6 +327,9 @@ class VLLMRolloutEngine(RolloutEngine):
 
         if not prompts:
             return RolloutBatch.empty(self.pad_token_id)
+        if sampling.stop and self.tokenizer_path is None:
+            raise ValueError("stop strings (sampling.stop) need vLLM's detokenizer: build the engine with "
+                             "VLLMRolloutEngine(tokenizer=...) (build_engine(stop_strings=True) does)")
         if self.asleep:
             if self.weights_discarded:
                 raise RuntimeError("the vLLM engine dropped its weights (sleep level 2): sync them before generating")
@@ -336,7 +347,10 @@ class VLLMRolloutEngine(RolloutEngine):
                 max_tokens=sampling.max_new_tokens,
                 logprobs=0,  # the sampled token's own log-prob
                 stop_token_ids=self.eos_token_ids,
-                detokenize=False,
+                # Stop strings need vLLM's detokenizer (off otherwise: we decode once, later).
+                stop=list(sampling.stop) or None,
+                include_stop_str_in_output=True,
+                detokenize=bool(sampling.stop),
             )
             for seed in seeds
         ]

@@ -33,7 +33,7 @@ def assemble_update(step: ScoredRollouts, algo: AlgorithmConfig, pad_token_id: i
     if ibpo.enabled and corrections is not None:
         result = shape_rewards(
             rewards, corrections.rewards, corrections.rewrite, corrections.kept_mask.cpu(),
-            rollouts.response_mask.cpu(), variant=ibpo.variant, lam=ibpo.lam, beta=ibpo.beta,
+            rollouts.policy_mask.cpu(), variant=ibpo.variant, lam=ibpo.lam, beta=ibpo.beta,  # (tool turns: not the policy's)
         )
         shaped, token_weights, delta = result.shaped_rewards, result.token_weights, result.delta
         metrics["train/shaped_frac"] = float((result.delta > 0).float().mean())

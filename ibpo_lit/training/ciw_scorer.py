@@ -293,12 +293,14 @@ class CIWScorer:
         selected = list(range(n)) if rows is None else [int(i) for i in torch.as_tensor(rows).nonzero().flatten()]
         prompt_lists = batch.prompt_lists()
         response_lists = batch.response_lists()
+        tool_lists = [row[m].tolist() for row, m in zip(batch.tool_mask, batch.response_mask)]
 
         keys, todo = {}, {}  # row -> cache key; key -> (prompt, content, layout) to compute
         hits = 0
         for r in selected:
             content = response_lists[r][: content_length(response_lists[r], self.stop_ids)]
-            key = (tuple(prompt_lists[r]), tuple(content))
+            tool = tool_lists[r][: len(content)]  # tool-output tokens: never reasoning
+            key = (tuple(prompt_lists[r]), tuple(content), tuple(tool))
             keys[r] = key
             if key in self._cache:
                 self._cache.move_to_end(key)
@@ -306,7 +308,7 @@ class CIWScorer:
             elif key in todo:
                 hits += 1  # a duplicate within the batch
             else:
-                layout = layout_response(token_pieces(self.tokenizer, content), cfg)
+                layout = layout_response(token_pieces(self.tokenizer, content), cfg, tool=tool)
                 todo[key] = (prompt_lists[r], content, layout)
 
         found = {key: self._cache[key] for key in set(keys.values()) if key in self._cache}

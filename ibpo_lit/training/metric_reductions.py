@@ -44,6 +44,8 @@ REDUCTIONS: dict[str, str] = {
     "train/correction_alpha": MEAN, "rollout/logprob_mismatch": MEAN, "ciw/marker_frac": MEAN,
     "ciw/spans_per_rollout": MEAN, "ciw/distractor_frac": MEAN, "ciw/drop_mean": MEAN, "ciw/weight_answer": MEAN,
     "ciw/weight_reasoning": MEAN, "rollout/probe_mismatch": MAX, "rollout/sync_s": MAX,
+    # tool-integrated rollouts: per rollout and per call on each rank's rows; a rank's tool time
+    "rollout/tool_calls": MEAN, "rollout/tool_errors": MEAN, "rollout/tool_call_s": MEAN, "timing/tool_s": MAX,
 }
 PREFIXES: dict[str, str] = {
     "reward/": MEAN,  # each reward's mean over the rank's rows

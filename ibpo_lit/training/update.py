@@ -160,7 +160,7 @@ class PolicyUpdate:
         # the rows of every rank. DDP and FSDP average gradients over ranks, so each rank's
         # loss is scaled by the number of ranks to make the sum of shares the global mean.
         world = self.runtime.world_size
-        num_seqs, num_tokens = sync.sum([float(len(rows)), float(batch.response_mask[rows].sum())])
+        num_seqs, num_tokens = sync.sum([float(len(rows)), float(batch.policy_mask[rows].sum())])
         active = self._trained_rows(rows, batch, advantages)  # the others stay in the denominators above
 
         loss_total, weighted = 0.0, {}
@@ -225,7 +225,7 @@ class PolicyUpdate:
         all: their forwards are skipped, while the caller keeps them in its denominators. Sorted
         by prompt + response length (stable), so that a micro-batch's rows need less padding."""
         active = rows if self.regularizer.needs_every_row else rows[advantages[rows] != 0]
-        active = active[batch.response_mask[active].any(dim=1)]
+        active = active[batch.policy_mask[active].any(dim=1)]  # (tool-output tokens are not trained)
         lengths = batch.response_mask[active].sum(dim=1) + batch.prompt_mask[active].sum(dim=1)
         return active[torch.argsort(lengths, stable=True)]
 
@@ -265,7 +265,7 @@ class PolicyUpdate:
         for rows in groups:
             rows = rows.to(device)
             counted = rows if denominators == "group" else every
-            num_seqs, num_tokens = float(len(counted)), float(batch.response_mask[counted].sum())
+            num_seqs, num_tokens = float(len(counted)), float(batch.policy_mask[counted].sum())
             total = [torch.zeros_like(p, dtype=torch.float32) for p in params]
             for micro in self._micro_batches(self._trained_rows(rows, batch, advantages)):
                 part = batch.select(micro)
@@ -316,14 +316,17 @@ class PolicyUpdate:
             # on-policy: this forward runs before the batch's only optimizer step
             self._record_mismatch(old, batch)
         num_seqs = num_seqs if num_seqs is not None else float(len(batch))
-        num_tokens = num_tokens if num_tokens is not None else float(batch.response_mask.sum())
+        num_tokens = num_tokens if num_tokens is not None else float(batch.policy_mask.sum())
+        # The policy's own tokens: tool-output tokens (tool-integrated rollouts) are in the
+        # forward, as context, but neither in the loss nor in the importance ratio.
+        mask = batch.policy_mask
         inputs = LossInputs(
-            logp, old, advantages, batch.response_mask,
+            logp, old, advantages, mask,
             token_weights=token_weights[:, :width] if token_weights is not None else None,
             num_seqs=num_seqs, num_tokens=num_tokens,
         )
         loss, metrics = self.loss_fn(inputs, self.algorithm.loss_settings)
-        extra, more = regularizers(logp, batch.response_mask, reg,
+        extra, more = regularizers(logp, mask, reg,
                                    ref_logp=ref_logp[:, :width] if ref_logp is not None else None,
                                    entropy=entropy, num_seqs=num_seqs, num_tokens=num_tokens)
         return loss + extra, {**metrics, **more}
@@ -381,7 +384,7 @@ class PolicyUpdate:
         """Accumulate |engine log-prob - trainer log-prob| over the sampled tokens of ``batch``
         (``rollout/logprob_mismatch``: how far the engine's numerics, or stale weights, are
         from the policy the ratio is computed against)."""
-        mask = batch.response_mask
+        mask = batch.policy_mask
         diff = (trainer_logp.detach().float() - batch.rollout_logp[:, : trainer_logp.shape[1]]).abs()
         self._mismatch[0] += float((diff * mask).sum())
         self._mismatch[1] += float(mask.sum())

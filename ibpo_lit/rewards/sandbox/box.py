@@ -107,6 +107,7 @@ class Sandbox:
         self.run, self.mode, self.stdin = run, mode, stdin
         self.seq, self.max_frame = 0, run.spec["max_frame"]
         self.proc = self.r = self.w = self.workdir = None
+        self.partial = (b"", b"")
 
     def start(self):
         """Spawn the sandbox and wait for its "ready"; a failure here is the judge's (InfraError)."""
@@ -193,8 +194,12 @@ class Sandbox:
         self.w = self.r = None
 
     def collect_output(self, cap):
-        """stdout (up to ``cap`` bytes) and the tail of stderr, until both close; overflow flag."""
+        """stdout (up to ``cap`` bytes) and the tail of stderr, until both close; overflow flag.
+
+        What has arrived so far stays readable in ``partial`` (stdout, stderr) when a `Deadline`
+        interrupts the wait: a tool call that prints, then loops, still shows what it printed."""
         out, err = bytearray(), bytearray()
+        self.partial = (out, err)
         streams = {self.proc.stdout.fileno(): out, self.proc.stderr.fileno(): err}
         while streams:
             ready, _, _ = select.select(list(streams), [], [])

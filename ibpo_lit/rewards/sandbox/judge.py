@@ -442,6 +442,56 @@ def run_stdin(run):
     return _result(outcomes, None, detail)
 
 
+# ------------------------------------------------------------------ one run, output returned
+RUN_STDOUT_BYTES = 6 << 10  # what a "run" verdict carries: JSON may escape a byte into 6, and the
+RUN_STDERR_BYTES = 1 << 10  # caller reads at most 64 KiB of verdict (MAX_VERDICT_BYTES)
+
+
+def run_once(run):
+    """``run`` (a tool call, not a test): the program once, with empty stdin; its stdout (the first
+    ``RUN_STDOUT_BYTES``) and stderr's tail come back in the verdict, for the policy to read. No
+    output is judged: status "pass" is exit code 0, "error" any other exit (a traceback, on
+    stderr), "fail" output past ``max_output_bytes``, "timeout", "memory"."""
+    spec = run.spec
+    source = "\n".join(src for _, src in spec["program"])
+    stdin = _sealed_input(b"")
+    status, why, out, err = TIMEOUT, "timed out", b"", b""
+    box = None
+    try:
+        box = Sandbox(run, "stdin", stdin=stdin)
+        _start(box, first=True)
+        oom_before = run.oom_kills()
+        box.send_program(source)
+        out, err, overflow = box.collect_output(spec["max_output_bytes"])
+        code = None if overflow else box.proc.wait()
+        status, why = _exit_outcome(run, oom_before, err, overflow, code)
+    except Deadline:
+        out, err = (bytes(b) for b in box.partial)  # what it printed before the limit
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        if box is not None:
+            box.close()
+        os.close(stdin)
+    result = _result([status], status, why)
+    result["stdout"] = out[:RUN_STDOUT_BYTES].decode("utf-8", "replace")
+    result["stderr"] = err[-RUN_STDERR_BYTES:].decode("utf-8", "replace")
+    return result
+
+
+def _exit_outcome(run, oom_before, err, overflow, code):
+    """How a program that ran to its end (or was cut off) ended, whatever it printed."""
+    if overflow:
+        return FAIL, "output limit exceeded"
+    if run.oom_kills() > oom_before or (code != 0 and b"MemoryError" in err):
+        return MEMORY, "out of memory"
+    if code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+        return TIMEOUT, "CPU time limit"
+    if code != 0:
+        tail = err.decode("utf-8", "replace").strip().splitlines()
+        return ERROR, f"exit code {code}: {tail[-1][:200] if tail else ''}"
+    return PASS, ""
+
+
 def _sealed_input(data):
     """A read-only descriptor of ``data`` in a sealed memory file: the program's fd 0 is no file of
     the host's (a host temporary file was writable and took ``fallocate`` up to the free space),
@@ -461,15 +511,9 @@ def _sealed_input(data):
 
 
 def _stdin_outcome(run, oom_before, out, err, overflow, code, expected):
-    if overflow:
-        return FAIL, "output limit exceeded"
-    if run.oom_kills() > oom_before or (code != 0 and b"MemoryError" in err):
-        return MEMORY, "out of memory"
-    if code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
-        return TIMEOUT, "CPU time limit"
-    if code != 0:
-        tail = err.decode("utf-8", "replace").strip().splitlines()
-        return ERROR, f"exit code {code}: {tail[-1][:200] if tail else ''}"
+    status, why = _exit_outcome(run, oom_before, err, overflow, code)
+    if status != PASS:
+        return status, why
     if outputs_match(out.decode("utf-8", "replace"), expected):
         return PASS, ""
     return FAIL, "wrong output"
@@ -509,7 +553,7 @@ def main(argv):
         run.enter()
         signal.signal(signal.SIGALRM, _on_alarm)
         signal.setitimer(signal.ITIMER_REAL, spec["timeout_s"])
-        result = (run_stdin if spec["kind"] == "stdin" else run_assert)(run)
+        result = {"stdin": run_stdin, "run": run_once}.get(spec["kind"], run_assert)(run)
     except OSError as e:
         if run.running:  # the program's data flows: a judge that breaks now breaks on the program's doing
             tests = [ERROR] + [NOT_RUN] * (len(spec["tests"]) - 1)
