@@ -46,6 +46,7 @@ class RankRecorder(L.Callback):
                 "draw": getattr(self, "draw", None),
                 "responses": step.rollouts.response_lists(),
                 "seeds": step.rollouts.seeds.tolist(),
+                "tool_tokens": step.rollouts.tool_mask.sum(dim=1).tolist(),
                 "rewards": step.rewards.tolist(),
                 "corrections": step.corrections.train_batch.response_lists()
                 if step.corrections is not None and step.corrections.train_batch is not None
