@@ -46,6 +46,8 @@ What is not covered:
 """
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import time
 from typing import Any, Literal, Optional, Sequence, Union
@@ -66,6 +68,8 @@ from ibpo_lit.evaluation.scoring import Verdicts, score_samples, status_counts
 from ibpo_lit.models.loading import DTYPES, load_policy
 from ibpo_lit.rollout.engine import SamplingConfig
 from ibpo_lit.rollout.factory import ENGINES, Backend, build_engine
+from ibpo_lit.rollout.tools import ToolConfig
+from ibpo_lit.tool_use import with_tools
 from ibpo_lit.rollout.vllm_engine import VLLMConfig
 from ibpo_lit.tasks import get_task
 
@@ -104,6 +108,7 @@ def evaluate(
     baselines: Union[Sequence[str], str] = (),
     backend: Backend = "hf",
     vllm: Optional[VLLMConfig] = None,
+    tools: Optional[ToolConfig] = None,
 ) -> dict[str, Any]:
     """Sample ``k`` responses per problem of a benchmark and report avg@k, pass@k and maj@k
     (math) or pass@k with the share of tests passed (code), and optional baselines.
@@ -168,6 +173,10 @@ def evaluate(
             sync; the HF model is then kept on the CPU.
         vllm: The vLLM engine's settings (``rollout.vllm`` of training: dtype, max_model_len,
             tensor_parallel_size, ...); unset = their defaults.
+        tools: Tool-integrated sampling, as training's ``rollout.tools`` (``--tools.max_tool_calls
+            2``, ...): the model may run Python cells in the code sandbox mid-answer
+            (docs/tools.md). The result adds ``tool_calls`` and ``tool_errors`` per sample and
+            ``tool_call_s``. Unset = off.
 
     Returns:
         The result dict: settings, ``avg@k``, ``pass@1``, ``pass@k``, ``maj@k`` (None for code),
@@ -201,11 +210,14 @@ def evaluate(
     prompts = [builder.build(r.problem, r.gold, r.uid, messages=r.messages) for r in records]
     # No model_path: the weights evaluated (a checkpoint's, or the model's own) are those in memory,
     # the ones the HF backend samples from; vLLM receives them by one sync.
-    engine = build_engine(model, tokenizer, sampling, backend, vllm=vllm, dtype=dtype)
+    engine = with_tools(build_engine(model, tokenizer, sampling, backend, vllm=vllm, dtype=dtype,
+                                     stop_strings=tools is not None), tokenizer, tools)
     try:
         gen_start = time.perf_counter()
         completions, lengths, finished = sample(engine, tokenizer, prompts, k, seed, batch_size)
         gen_seconds = time.perf_counter() - gen_start
+        tool_use = ({k_.split("/")[1]: v for k_, v in engine.total_stats.metrics().items() if k_.startswith("rollout/")}
+                    if tools is not None else {})
         verdicts = score_samples(task, completions, [p.gold for p in prompts], sandbox_workers)
         answers = extract_answers(task, completions)
         result = summarize(prompts, completions, verdicts, answers, lengths, finished, k, keep_completions)
@@ -238,6 +250,8 @@ def evaluate(
         "chat_template_kwargs": chat_template_kwargs,
         "dtype": dtype,
         "backend": backend,
+        "tools": None if tools is None else dataclasses.asdict(tools),
+        **tool_use,
         **result,
         "generate_seconds": gen_seconds,
         "baseline_seconds": time.perf_counter() - baseline_start,

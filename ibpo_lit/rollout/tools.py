@@ -117,6 +117,10 @@ class ToolStats:
     seconds: list[float] = field(default_factory=list)
     wall_s: float = 0.0
 
+    def merged(self, other: "ToolStats") -> "ToolStats":
+        return ToolStats(self.calls + other.calls, self.errors + other.errors, self.seconds + other.seconds,
+                         self.wall_s + other.wall_s)
+
     def metrics(self) -> dict[str, float]:
         """``rollout/tool_calls`` and ``rollout/tool_errors`` per rollout, ``rollout/tool_call_s``
         per call, ``timing/tool_s``."""
@@ -162,6 +166,7 @@ class ToolRollouts(RolloutEngine):
         self.eos_token_ids = set(int(i) for i in engine.eos_token_ids)
         self.pad_token_id = engine.pad_token_id
         self.last_stats = ToolStats()
+        self.total_stats = ToolStats()  # every call since the engine was built (evaluate reports it)
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -209,6 +214,7 @@ class ToolRollouts(RolloutEngine):
             wall += self._run_pending(rows, budget)
             turn += 1
         self.last_stats = ToolStats([r.calls for r in rows], [r.errors for r in rows], [r.seconds for r in rows], wall)
+        self.total_stats = self.total_stats.merged(self.last_stats)
         if not rows:
             return RolloutBatch.empty(self.pad_token_id)
         return RolloutBatch.from_lists(

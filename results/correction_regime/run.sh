@@ -6,10 +6,13 @@
 # quantity IBPO's train/correction_success measures at these weights.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# gsm8k reads ../shared/data/gsm8k_test.jsonl (the public test set beside the checkout; 256 tokens).
 for task in "$@"; do
   tokens=128; [ "$task" = arith2_add_mul ] && tokens=64
+  data=(--path "results/correction_regime/$task.jsonl" --answer_format plain)
+  [ "$task" = gsm8k ] && tokens=256 && data=(--path ../shared/data/gsm8k_test.jsonl)
   python -m ibpo_lit evaluate --model_name_or_path smollm2-135m-instruct --benchmark "$task" \
-    --path "results/correction_regime/$task.jsonl" --answer_format plain --k 8 --limit 40 \
+    "${data[@]}" --k 8 --limit 40 \
     --temperature 0.7 --top_p 1.0 --top_k 0 --max_new_tokens "$tokens" \
     --instruction "Give the final answer after ####." --backend vllm --vllm.dtype float32 \
     --baselines test_time_correction_oracle --output "results/correction_regime/$task.json"
