@@ -36,6 +36,19 @@ def tiny_vllm(tmp_path_factory):
     return engine, model, tokenizer
 
 
+@pytest.fixture(scope="session")
+def taught_tool_policy(tmp_path_factory):
+    """A folder holding tiny-llama taught to answer "What is a + b?" with a Python cell
+    (tests/rollout/tool_policy.py), shared by the tests of tool-integrated training and evaluation."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "rollout"))
+    from tool_policy import arithmetic_tool_policy
+
+    return arithmetic_tool_policy(tmp_path_factory.mktemp("taught_tool_policy"))
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` need a CUDA device: skipped (never failing) without one."""
     import torch

@@ -5,23 +5,18 @@ included, from the same seeds, and the same weights after the steps.
 The model is tiny-llama taught to answer with a cell (tests/rollout/tool_policy.py): at
 temperature 1 it writes cells, some wrong, some broken, and rows finish after different numbers
 of turns, so the processes must agree each turn on whether to call the engine again."""
-import sys
-
 import pytest
 import torch
 
-from fit_runs import REPO, callbacks, read_ranks, recorder, run_fit, scalars
-
-sys.path.insert(0, str(REPO / "tests" / "rollout"))
-from tool_policy import arithmetic_tool_policy  # noqa: E402
+from fit_runs import callbacks, read_ranks, recorder, run_fit, scalars
 
 STEPS = 2
 COMMON = ("--trainer.max_steps", str(STEPS), "--model.optim.eps", "1e-6", "--checkpoint.every_n_train_steps", "0")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    taught = arithmetic_tool_policy(tmp_path_factory.mktemp("tool_policy"))
+def runs(tmp_path_factory, taught_tool_policy):
+    taught = taught_tool_policy
     out = {}
     for name, extra, world in (
         ("one", ("--trainer.devices", "1", "--data.prompts_per_step", "4"), 1),
