@@ -51,6 +51,15 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return torch.exp(d) - d - 1.0
 
 
+def token_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor, estimator: str = "k1") -> Tensor:
+    """[B, T] float32 per-token KL estimate ``KL_ESTIMATORS[estimator](logp, ref_logp)``, 0 off
+    the mask (padding may hold -inf log-probs). REINFORCE++ puts ``-beta * token_kl`` into the
+    reward (``advantages.token_returns``)."""
+    valid = mask != 0
+    kl = KL_ESTIMATORS.get(estimator)(torch.where(valid, logp.float(), 0.0), torch.where(valid, ref_logp.float(), 0.0))
+    return torch.where(valid, kl, 0.0)
+
+
 @dataclass(frozen=True)
 class RegularizerSettings:
     """From ``algorithm`` (see ``AlgorithmConfig``)."""
