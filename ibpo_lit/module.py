@@ -319,7 +319,7 @@ class IBPOModule(L.LightningModule):
         # REINFORCE++ puts the KL into the reward: the reference's log-probs before the advantages.
         reference = self._reference_logprobs if self.algorithm.kl_in_reward else None
         return assemble_update(step, self.algorithm, self.tokenizer.pad_token_id, self.rollout_cfg.sampling.max_new_tokens,
-                               reference_logprobs=reference, sync=self.sync)
+                               reference, self.sync)
 
     def _reference_logprobs(self, batch) -> Tensor:
         return self.updater.reference_logprobs(batch.to(self.device))
