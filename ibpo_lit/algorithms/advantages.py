@@ -26,6 +26,8 @@ Choices the papers leave open:
   remains; every group is degenerate then anyway, so all advantages are 0.
 - "batch" and "reinforce_plus_plus_baseline": the batch is this process's rollouts (each rank
   computes its own advantages), so with several processes the std is each rank's.
+  "reinforce_plus_plus" is the exception: its mean and std are over every process's tokens
+  (the caller's ``total`` sums over processes), as its peers compute them on the whole batch.
 - Computed in float32 at least (float64 inputs stay float64).
 
 Not covered: a critic (GAE); REINFORCE++'s token returns are whitened, never baselined by a

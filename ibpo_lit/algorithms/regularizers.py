@@ -18,6 +18,9 @@ KL estimators, per token, with ``d = log pi_ref(y_t) - log pi(y_t)`` on tokens s
   in expectation, the gradient of KL(ref || pi), the forward KL. TRL's default differs again (its
   k3 is weighted by the importance ratio to pi_old).
 
+With ``advantage_scale: reinforce_plus_plus`` the KL is not a loss term: ``token_kl`` gives the
+per-token estimate that REINFORCE++ subtracts from the reward (``advantages.token_returns``).
+
 The entropy ``H_t`` is the full-distribution entropy at each sampled position, computed from the
 logits the loss's forward already holds (``ibpo_lit.training.logprobs``).
 """
