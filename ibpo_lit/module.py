@@ -11,8 +11,9 @@ One ``training_step`` is one rollout batch (see README, "One training step"):
    ``callbacks.CorrectionRollouts`` callback fills ``step.corrections`` there (with
    `correction_context`: what correcting needs from the run). Removing that callback turns
    corrections off;
-4. shape rewards (IBPO) and compute group advantages (``training.assemble``), and CIW's token
-   weights when configured;
+4. shape rewards (IBPO) and compute advantages (``training.assemble``; REINFORCE++ with a KL
+   first runs the reference's forward, the KL going into the reward), and CIW's token weights
+   when configured;
 5. update the policy (``training.update.PolicyUpdate``): ``num_mini_batches`` optimizer steps,
    each accumulated over micro-batches whose losses sum exactly to the mini-batch loss.
 
