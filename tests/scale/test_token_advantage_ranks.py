@@ -7,7 +7,9 @@ The module fixture starts this file as a script under ``python -m torch.distribu
 --nproc_per_node 2``; each rank writes ``OUT_DIR/rank<r>.json``. Cases: an uneven split (3 rows
 and 5, other widths), a rank with no scorable row (it still runs every collective), and the
 assembled update (``assemble_update`` with the run's ``RankSync``, the KL from a stand-in
-reference).
+reference). And a fit under FSDP2 (``configs/tiny_fsdp.yaml``) where rank 1's groups all tie:
+the reference's forward before the advantages is a collective too, and with no group baseline
+rank 1 trains every row.
 """
 import json
 import math
@@ -16,7 +18,7 @@ import sys
 import pytest
 import torch
 
-from fit_runs import HERE, two_process_results
+from fit_runs import CORRECTIONS, HERE, callbacks, read_ranks, recorder, run_fit, scalars, scripted, two_process_results
 
 SPLIT = 3  # rank 0 holds rows [0, 3), rank 1 the rest
 RPP = "reinforce_plus_plus"
@@ -117,6 +119,21 @@ def test_assembled_update_whitens_over_both_ranks(ranks):
     for r in (0, 1):
         got = torch.tensor(ranks[r]["assembled"])
         torch.testing.assert_close(got, _by_rank(full, r)[:, : got.shape[1]], rtol=1e-5, atol=1e-6)
+
+
+
+@pytest.mark.slow
+def test_fit_under_fsdp2_with_the_kl_in_the_reward(tmp_path):
+    run_fit("tiny_fsdp.yaml", tmp_path, "--trainer.max_steps", "3",
+            "--trainer.callbacks", callbacks(scripted("idle_rank"), CORRECTIONS, recorder(tmp_path)),
+            "--model.algorithm.advantage_scale", RPP, "--model.algorithm.beta_kl", "0.01",
+            "--model.rollout.micro_batch_size", "3")
+    ranks = read_ranks(tmp_path, 2)
+    assert all(r["steps"] == 3 for r in ranks) and ranks[0]["weights"] == ranks[1]["weights"]
+    logged = scalars(tmp_path)
+    assert logged["train/kl"][0] == pytest.approx(0.0, abs=1e-6)  # the first step's policy is the reference
+    assert all(math.isfinite(v) for v in logged["train/loss"].values())
+    assert set(logged["train/zero_adv_frac"].values()) == {0.0}  # rank 1's tied groups train too
 
 
 if __name__ == "__main__":
