@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
+from ibpo_lit.algorithms.advantages import is_token_level
 from ibpo_lit.algorithms.ciw import CIWConfig
 from ibpo_lit.algorithms.registry import (
-    ADVANTAGE_SCALES,
     AGGREGATIONS,
     POLICY_LOSSES,
     LossSettings,
+    TokenAdvantageSettings,
 )
 from ibpo_lit.algorithms.regularizers import KL_ESTIMATORS, RegularizerSettings
 from ibpo_lit.algorithms.shaping import validate_shaping
@@ -165,11 +166,17 @@ class AlgorithmConfig:
         agg_mode: How ``grpo`` averages token losses: ``seq-mean-token-mean`` (GRPO),
             ``token-mean`` (DAPO) or ``seq-mean-token-sum``. Leave unset for ``gspo``,
             which always averages each sequence's tokens, then sequences.
-        beta_kl: Weight of the KL penalty to the initial policy, with any loss (0 = off, as in
-            the IBPO experiments; verl's ``kl_loss_coef``).
+        beta_kl: Weight of the KL to the initial policy (0 = off, as in the IBPO experiments;
+            a frozen reference is kept when > 0). With any group-relative ``advantage_scale`` it
+            is a loss term, with either loss (verl's ``kl_loss_coef``). With
+            ``advantage_scale: reinforce_plus_plus`` it goes into the reward instead, and NOT
+            also into the loss: ``-beta_kl * kl_t`` on every response token (verl's
+            ``use_kl_in_reward`` with ``kl_ctrl.kl_coef``, OpenRLHF's ``init_kl_coef`` without
+            ``use_kl_loss``).
         kl_estimator: ``k1``, ``k2`` or ``k3`` (verl's ``kl``, ``mse``, ``low_var_kl``). Their
             gradients differ: k1's is zero in expectation, k2's is that of KL(pi || ref), k3's
-            that of KL(ref || pi); see ``ibpo_lit/algorithms/regularizers.py``.
+            that of KL(ref || pi); see ``ibpo_lit/algorithms/regularizers.py``. Unset = ``k3``
+            for the loss term, ``k1`` for the KL in REINFORCE++'s reward (both peers' defaults).
         entropy_coef: Weight of an entropy bonus (verl's ``entropy_coeff``; 0 = off).
             ``train/entropy`` is logged either way.
         overlong: Truncated and overlong responses: masked out of the loss, and/or DAPO's soft
@@ -178,8 +185,14 @@ class AlgorithmConfig:
             the batch refilled (see ``DynamicSamplingConfig``). Off by default.
         advantage_scale: The advantage estimator: ``group`` (divide by the group's std),
             ``batch`` (by the batch's std), ``none`` (Dr.GRPO: no division), ``rloo`` (the
-            leave-one-out baseline) or ``reinforce_plus_plus_baseline`` (group-centred rewards
-            over their batch std); see ``ibpo_lit/algorithms/advantages.py``.
+            leave-one-out baseline), ``reinforce_plus_plus_baseline`` (group-centred rewards
+            over their batch std), or ``reinforce_plus_plus`` (REINFORCE++: ``beta_kl`` times the
+            KL to the initial policy taken off every token's reward, the outcome reward on the
+            last token, token returns (``gamma``), whitened over every response token of the
+            batch, of all processes; no group baseline; token-level advantages with either loss);
+            see ``ibpo_lit/algorithms/advantages.py`` and docs/configuration.md for the peers' names.
+        gamma: Discount of REINFORCE++'s token returns (1 = none, the peers' default); only
+            with ``advantage_scale: reinforce_plus_plus``.
         ibpo: IBPO's settings, all in one place (see ``IBPOConfig``): ``variant: none`` is
             plain GSPO.
         ciw: Counterfactual importance weighting (METHOD section 8): token weights from how
@@ -194,9 +207,10 @@ class AlgorithmConfig:
     eps_high: float = 4e-4
     agg_mode: Optional[str] = None
     beta_kl: float = 0.0
-    kl_estimator: str = "k3"
+    kl_estimator: Optional[str] = None
     entropy_coef: float = 0.0
     advantage_scale: str = "group"
+    gamma: float = 1.0
     ibpo: IBPOConfig = field(default_factory=IBPOConfig)
     ciw: Optional[CIWConfig] = None
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
@@ -204,7 +218,21 @@ class AlgorithmConfig:
 
     def __post_init__(self) -> None:
         POLICY_LOSSES.get(self.loss)  # raises, listing the valid names
-        ADVANTAGE_SCALES.get(self.advantage_scale)
+        token_level = is_token_level(self.advantage_scale)  # raises, listing every estimator
+        if not 0 < self.gamma <= 1:
+            raise ValueError(f"algorithm.gamma must be in (0, 1], got {self.gamma}")
+        if self.gamma != 1 and not token_level:
+            raise ValueError(
+                f"algorithm.gamma={self.gamma} discounts token returns, which only "
+                f"advantage_scale: reinforce_plus_plus has; {self.advantage_scale!r} gives one advantage "
+                "per response. Remove gamma or use advantage_scale: reinforce_plus_plus."
+            )
+        if token_level and self.dynamic_sampling.enabled:
+            raise ValueError(
+                f"algorithm.dynamic_sampling keeps groups with a non-zero advantage, and advantage_scale: "
+                f"{self.advantage_scale} (no group baseline: the mean over the batch's tokens) gives almost every "
+                "response one. Turn dynamic_sampling off or use a group-relative advantage_scale."
+            )
         if self.agg_mode is not None:
             AGGREGATIONS.get(self.agg_mode)
             if self.loss == "gspo":
@@ -215,7 +243,8 @@ class AlgorithmConfig:
                 )
         if self.beta_kl < 0 or self.entropy_coef < 0:
             raise ValueError(f"algorithm.beta_kl and entropy_coef must be >= 0, got {self.beta_kl}, {self.entropy_coef}")
-        KL_ESTIMATORS.get(self.kl_estimator)
+        if self.kl_estimator is not None:
+            KL_ESTIMATORS.get(self.kl_estimator)
         if not (0 <= self.eps_low < 1 and self.eps_high >= 0):
             raise ValueError(
                 f"algorithm.eps_low must be in [0, 1) and eps_high >= 0, got {self.eps_low}, {self.eps_high}"
@@ -227,9 +256,37 @@ class AlgorithmConfig:
         return LossSettings(eps_low=self.eps_low, eps_high=self.eps_high, agg_mode=self.agg_mode)
 
     @property
+    def token_level_advantages(self) -> bool:
+        """``advantage_scale`` names a token-level estimator (REINFORCE++): [N, T] advantages of
+        the whole update batch, with ``beta_kl``'s KL in the reward rather than in the loss."""
+        return is_token_level(self.advantage_scale)
+
+    @property
+    def needs_reference(self) -> bool:
+        """A frozen reference policy is needed (a KL term, in the loss or in the reward)."""
+        return self.beta_kl > 0
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """The reference's log-probs are needed before the advantages (REINFORCE++ with a KL)."""
+        return self.token_level_advantages and self.beta_kl > 0
+
+    @property
+    def reward_kl_estimator(self) -> str:
+        """The KL estimator of the KL in the reward (k1 unless ``kl_estimator`` is set)."""
+        return self.kl_estimator or "k1"
+
+    @property
+    def token_advantage_settings(self) -> TokenAdvantageSettings:
+        """A token-level estimator's settings: ``beta_kl`` in the reward, ``gamma``."""
+        return TokenAdvantageSettings(kl_coef=self.beta_kl, gamma=self.gamma)
+
+    @property
     def regularizer_settings(self) -> RegularizerSettings:
-        """The KL and entropy terms added to the loss, aggregated as the loss is."""
-        return RegularizerSettings(self.beta_kl, self.kl_estimator, self.entropy_coef,
+        """The KL and entropy terms added to the loss, aggregated as the loss is. With a
+        token-level estimator the KL is in the reward, so the loss has none (beta 0)."""
+        beta = 0.0 if self.token_level_advantages else self.beta_kl
+        return RegularizerSettings(beta, self.kl_estimator or "k3", self.entropy_coef,
                                    self.agg_mode or "seq-mean-token-mean")
 
 

@@ -11,8 +11,9 @@ One ``training_step`` is one rollout batch (see README, "One training step"):
    ``callbacks.CorrectionRollouts`` callback fills ``step.corrections`` there (with
    `correction_context`: what correcting needs from the run). Removing that callback turns
    corrections off;
-4. shape rewards (IBPO) and compute group advantages (``training.assemble``), and CIW's token
-   weights when configured;
+4. shape rewards (IBPO) and compute advantages (``training.assemble``; REINFORCE++ with a KL
+   first runs the reference's forward, the KL going into the reward), and CIW's token weights
+   when configured;
 5. update the policy (``training.update.PolicyUpdate``): ``num_mini_batches`` optimizer steps,
    each accumulated over micro-batches whose losses sum exactly to the mini-batch loss.
 
@@ -36,6 +37,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
+from ibpo_lit.algorithms.advantages import rows_with_advantage
 from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
 from ibpo_lit.config_checks import check_fit_settings
 from ibpo_lit.data.prompt import Prompt
@@ -206,7 +208,7 @@ class IBPOModule(L.LightningModule):
         self.policy.train()  # from_pretrained returns eval mode; dropout is off either way (load_policy)
         if self.gradient_checkpointing:
             enable_activation_checkpointing(self.policy, {"use_reentrant": False})
-        if self.algorithm.beta_kl > 0 and self.lora is None:
+        if self.algorithm.needs_reference and self.lora is None:  # a KL in the loss or in the reward
             # (With LoRA the reference is the base, adapters off: `PolicyUpdate.ref_logprobs`.)
             # Frozen copy of the initial policy; dropout is already off (see load_policy). A
             # sharded policy cannot be deep-copied: the reference is loaded and sharded the same way.
@@ -320,7 +322,13 @@ class IBPOModule(L.LightningModule):
         return step_metrics(scored, clock, self.step_stats)
 
     def _assemble(self, step: ScoredRollouts) -> dict[str, float]:
-        return assemble_update(step, self.algorithm, self.tokenizer.pad_token_id, self.rollout_cfg.sampling.max_new_tokens)
+        # REINFORCE++ puts the KL into the reward: the reference's log-probs before the advantages.
+        reference = self._reference_logprobs if self.algorithm.kl_in_reward else None
+        return assemble_update(step, self.algorithm, self.tokenizer.pad_token_id, self.rollout_cfg.sampling.max_new_tokens,
+                               reference, self.sync)
+
+    def _reference_logprobs(self, batch) -> Tensor:
+        return self.updater.reference_logprobs(batch.to(self.device))
 
     def _informative_groups(self, step: ScoredRollouts, metrics: dict[str, float]):
         """Dynamic sampling (``algorithm.dynamic_sampling``): ``(None, metrics)`` while the
@@ -457,15 +465,15 @@ class IBPOModule(L.LightningModule):
         (a zero-advantage row gets none, whatever its weights); multiplies into ``step.update``."""
         update = step.update
         if self.ciw_scorer is None:
-            return {"train/zero_adv_frac": float((update.advantages == 0).float().mean())}
+            return {"train/zero_adv_frac": float((~rows_with_advantage(update.advantages)).float().mean())}
         ciw = self.ciw_scorer(
-            self.policy, update.batch.to(self.device), rows=(update.advantages != 0), step=self.rollout_step,
+            self.policy, update.batch.to(self.device), rows=rows_with_advantage(update.advantages), step=self.rollout_step,
             temperature=self.rollout_cfg.sampling.temperature,
             sync=self.sync if self.updater.uniform_forwards else None,
         )
         update.token_weights = ciw.weights if update.token_weights is None else update.token_weights * ciw.weights
         self.step_stats.no_grad_tokens += int(ciw.metrics.get("ciw/forward_tokens", 0))
-        return {**ciw.metrics, "train/zero_adv_frac": float((update.advantages == 0).float().mean())}
+        return {**ciw.metrics, "train/zero_adv_frac": float((~rows_with_advantage(update.advantages)).float().mean())}
 
     # ----------------------------------------------------------- logging/ckpt
     def _reward_totals(self) -> dict[str, int]:

@@ -172,9 +172,13 @@ def test_gradient_matches_an_independent_per_sequence_computation(tmp_path, monk
         ["--model.rollout.old_logp", "rollout", "--model.algorithm.advantage_scale", "none"],
         ["--model.algorithm.loss", "grpo", "--model.algorithm.advantage_scale", "rloo"],
         ["--model.algorithm.loss", "grpo", "--model.algorithm.advantage_scale", "reinforce_plus_plus_baseline"],
+        ["--model.algorithm.advantage_scale", "reinforce_plus_plus", "--model.algorithm.beta_kl", "0.01"],
+        ["--model.algorithm.loss", "grpo", "--model.algorithm.eps_low", "0.2", "--model.algorithm.eps_high", "0.28",
+         "--model.algorithm.advantage_scale", "reinforce_plus_plus", "--model.algorithm.beta_kl", "0.01",
+         "--model.algorithm.gamma", "0.99"],
     ],
     ids=["ibpo-mask", "ibpo-ratio", "dapo-kl", "gspo-kl-entropy", "overlong", "two-mini-batches", "rollout-logp-drgrpo",
-         "rloo", "reinforce-pp-baseline"],
+         "rloo", "reinforce-pp-baseline", "reinforce-pp-gspo-ibpo", "reinforce-pp-grpo"],
 )
 def test_variants_train(tmp_path, overrides):
     cli = fit(tmp_path, *overrides, steps=2)
@@ -188,6 +192,9 @@ def test_variants_train(tmp_path, overrides):
         assert min(logged["train/overlong_penalty"]) < 0 and max(logged["train/masked_truncated"]) > 0
     if "--model.algorithm.beta_kl" in overrides:
         assert logged["train/kl"][0] == pytest.approx(0.0, abs=1e-6)  # the first step's policy is the reference
+    if "reinforce_plus_plus" in overrides:  # the KL went into the reward (train/kl), not into the loss
+        assert cli.model.ref_policy is not None and cli.model.updater.regularizer.beta_kl == 0
+        assert logged["train/zero_adv_frac"] == [0.0, 0.0]  # no group baseline: every row trains
 
 
 def test_validation_logs_avg_at_k_on_held_out_prompts(tmp_path):

@@ -10,7 +10,11 @@ Covered:
 - scale "reinforce_plus_plus_baseline" (REINFORCE++-baseline, verl's and OpenRLHF's name):
   ``A_i = (r_i - mean_g) / std_batch(r - mean_g)``, the group-centred rewards divided by their
   population std over the whole batch. Per response: OpenRLHF whitens over tokens, where a long
-  response weighs more; REINFORCE++ with the KL in the reward (token-level returns) is not here;
+  response weighs more;
+- token level (``TOKEN_ADVANTAGES``), "reinforce_plus_plus" (REINFORCE++, Hu 2025; verl's
+  ``adv_estimator: reinforce_plus_plus``, OpenRLHF's ``advantage_estimator: reinforce``): the KL
+  to the reference in the reward of every token, the outcome reward on the last, token returns,
+  whitened over every valid token of the batch (``reinforce_plus_plus_advantages``, below);
 - ragged groups (``grouped_advantages``), e.g. corrections grouped by their original prompt.
 
 Choices the papers leave open:
@@ -22,16 +26,21 @@ Choices the papers leave open:
   remains; every group is degenerate then anyway, so all advantages are 0.
 - "batch" and "reinforce_plus_plus_baseline": the batch is this process's rollouts (each rank
   computes its own advantages), so with several processes the std is each rank's.
+  "reinforce_plus_plus" is the exception: its mean and std are over every process's tokens
+  (the caller's ``total`` sums over processes), as its peers compute them on the whole batch.
 - Computed in float32 at least (float64 inputs stay float64).
 
-Not covered: DAPO dynamic sampling (dropping degenerate groups) belongs to the rollout stage.
+Not covered: a critic (GAE); REINFORCE++'s token returns are whitened, never baselined by a
+value model. DAPO dynamic sampling (dropping degenerate groups) belongs to the rollout stage.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from ibpo_lit.algorithms.registry import ADVANTAGE_SCALES
+from typing import Callable, Optional, Sequence
+
+from ibpo_lit.algorithms.registry import ADVANTAGE_SCALES, TOKEN_ADVANTAGES, TokenAdvantageSettings
 
 STD_EPS = 1e-8
 
@@ -152,3 +161,147 @@ def group_advantages(rewards: Tensor, scale: str = "group") -> Tensor:
     p, g = rewards.shape
     group_index = torch.arange(p, device=rewards.device).repeat_interleave(g)
     return grouped_advantages(rewards.reshape(-1), group_index, scale).reshape(p, g)
+
+
+# --------------------------------------------------------------------------- token level
+def _one_process(values: Sequence[float]) -> list[float]:
+    return [float(v) for v in values]
+
+
+def token_returns(rewards: Tensor, kl: Optional[Tensor], mask: Tensor, kl_coef: float = 0.0,
+                  gamma: float = 1.0) -> Tensor:
+    """REINFORCE++'s per-token rewards and their returns, before whitening.
+
+    ``r_t = -kl_coef * kl_t`` on every valid token, plus the outcome reward on the last valid
+    token of the row; ``G_t = sum_{s >= t} gamma^(s - t) r_s``.
+
+    Args:
+        rewards: [B] outcome rewards (shaped); a non-finite one makes its row all 0.
+        kl: [B, T] per-token KL estimate to the reference, or None (no KL in the reward).
+        mask: [B, T] valid response tokens (bool or 0/1).
+        kl_coef: the KL's weight in the reward (>= 0).
+        gamma: discount in (0, 1].
+
+    Returns:
+        [B, T] returns, 0 off the mask and on unscorable rows; dtype at least float32.
+    """
+    if rewards.dim() != 1 or mask.dim() != 2 or mask.shape[0] != rewards.shape[0]:
+        raise ValueError(f"rewards must be [B] and mask [B, T]; got {tuple(rewards.shape)} and {tuple(mask.shape)}")
+    if kl is not None and kl.shape != mask.shape:
+        raise ValueError(f"kl must be [B, T] like mask; got {tuple(kl.shape)} and {tuple(mask.shape)}")
+    if not 0 < gamma <= 1:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+    dtype = torch.promote_types(rewards.dtype, torch.float32)
+    finite = torch.isfinite(rewards)
+    rows = (mask != 0) & finite[:, None]  # [B, T] tokens that carry reward and statistics
+    token_reward = torch.zeros(mask.shape, dtype=dtype, device=rewards.device)
+    if kl is not None and kl_coef:
+        # where(), not * mask: padding may hold inf (a -inf log-prob's KL).
+        token_reward = torch.where(rows, -kl_coef * kl.to(dtype), 0.0)
+    width = mask.shape[1]
+    # Last valid token of each row (OpenRLHF's ``eos_indices``; verl's reward manager writes the
+    # score at ``valid_response_length - 1``, the same token for a contiguous mask).
+    last = width - 1 - rows.flip(1).to(torch.int8).argmax(dim=1)
+    has = rows.any(dim=1)
+    token_reward[has, last[has]] += rewards.to(dtype)[has]
+    if gamma == 1.0:
+        returns = token_reward.flip(1).cumsum(1).flip(1)
+    else:
+        returns = torch.zeros_like(token_reward)
+        running = torch.zeros(mask.shape[0], dtype=dtype, device=rewards.device)
+        for t in range(width - 1, -1, -1):
+            running = token_reward[:, t] + gamma * running
+            returns[:, t] = running
+    return torch.where(rows, returns, 0.0)
+
+
+def whiten(values: Tensor, mask: Tensor, total: Optional[Callable[[Sequence[float]], list[float]]] = None,
+           eps: float = 1e-8) -> Tensor:
+    """``(x - mean) / sqrt(max(var, eps))`` over the masked entries of the whole batch, mean
+    kept out (OpenRLHF's normalisation: population variance, clamped).
+
+    ``total`` sums a list of floats over every process (``RankSync.sum``), so that mean and
+    variance are over every rank's entries (two sums: the count and the sum, then the squared
+    deviations, which is stabler than a sum of squares). Returns 0 off the mask."""
+    total = total or _one_process
+    valid = mask != 0
+    x = torch.where(valid, values, 0.0)
+    count, s1 = total([float(valid.sum()), float(x.sum())])
+    if count <= 0:
+        return torch.zeros_like(x)
+    mean = s1 / count
+    (sq,) = total([float((torch.where(valid, x - mean, 0.0) ** 2).sum())])
+    var = max(sq / count, eps)
+    return torch.where(valid, (x - mean) / var ** 0.5, 0.0)
+
+
+@TOKEN_ADVANTAGES.register("reinforce_plus_plus")
+def reinforce_plus_plus_advantages(
+    rewards: Tensor,
+    kl: Optional[Tensor],
+    mask: Tensor,
+    settings: TokenAdvantageSettings = TokenAdvantageSettings(),  # noqa: B008 - frozen
+    total: Optional[Callable[[Sequence[float]], list[float]]] = None,
+) -> Tensor:
+    """REINFORCE++ (Hu 2025, arXiv 2501.03262): token returns of the KL-penalised reward,
+    normalised over the whole batch's tokens; no critic, no group baseline.
+
+    ``A_t = (G_t - mean(G)) / sqrt(max(var(G), 1e-8))`` with ``G`` = ``token_returns`` and
+    mean and population variance over every valid token of the batch (of every process when
+    ``total`` sums across them).
+
+    Which detail follows which peer (read in verl's ``core_algos.py``
+    ``compute_reinforce_plus_plus_outcome_advantage``, ``ray_trainer.apply_kl_penalty``, and
+    OpenRLHF's ``experience_maker.py`` and ``models/utils.compute_reward``):
+
+    - The KL: the caller's estimate per token, both peers' default is k1, ``log pi_old -
+      log pi_ref`` where pi_old is the policy that sampled (the trainer's recomputed log-probs in
+      both; verl's bypass mode uses the engine's). ibpo-lit passes the engine's sampled
+      log-probs (the same distribution as the trainer's, ``softmax(logits / T)`` before the
+      sampling filters) so no extra policy forward is needed. Not clamped (verl's k1;
+      OpenRLHF clamps every estimator to [-10, 10]).
+    - The outcome reward sits on the last valid token (both peers).
+    - Returns: ``G_t = r_t + gamma * G_{t+1}``, reset past the last valid token (verl) /
+      rewards masked first (OpenRLHF); gamma 1 by default in both.
+    - Normalisation over every valid token of the whole batch, the mean subtracted (both; verl's
+      ``masked_whiten(shift_mean=True)``). The variance is the population one clamped at 1e-8
+      (OpenRLHF: ``var.clamp(min=1e-8).rsqrt()``); verl uses the Bessel-corrected variance plus
+      1e-8, a factor ``sqrt(n / (n - 1))`` over n tokens (< 1e-3 relative above 500 tokens).
+    - Both peers compute it on the driver over the whole batch; here each process holds its
+      share and ``total`` makes the statistics global.
+    - Unscorable rows (non-finite reward, ibpo-lit's own case): advantage 0, left out of the
+      statistics. Advantages are 0 off the mask (verl multiplies by the mask; OpenRLHF leaves
+      padding whatever it is, the loss masks it).
+
+    Args:
+        rewards: [B] outcome (shaped) rewards, NaN = unscorable.
+        kl: [B, T] per-token KL estimate, or None (no KL in the reward).
+        mask: [B, T] valid response tokens.
+        settings: ``kl_coef`` (beta of the KL in the reward) and ``gamma``.
+        total: sums a list of floats over every process (default: this one only).
+
+    Returns:
+        [B, T] token advantages, dtype at least float32.
+    """
+    returns = token_returns(rewards, kl, mask, settings.kl_coef, settings.gamma)
+    valid = (mask != 0) & torch.isfinite(rewards)[:, None]
+    return whiten(returns, valid, total)
+
+
+def is_token_level(name: str) -> bool:
+    """Whether ``algorithm.advantage_scale`` names a token-level estimator (``TOKEN_ADVANTAGES``:
+    [B, T] advantages of a whole batch, a KL in the reward) rather than a group-relative one
+    (``ADVANTAGE_SCALES``: [B] advantages per group). An unknown name raises, listing both."""
+    if name in TOKEN_ADVANTAGES:
+        return True
+    if name in ADVANTAGE_SCALES:
+        return False
+    raise ValueError(f"unknown advantage estimator {name!r}; valid: "
+                     f"{', '.join(sorted(ADVANTAGE_SCALES.names() + TOKEN_ADVANTAGES.names()))}")
+
+
+def rows_with_advantage(advantages: Tensor) -> Tensor:
+    """[B] bool: the rows with a non-zero advantage, from [B] or [B, T] advantages (a row
+    whose advantages are all 0 adds nothing to the policy loss)."""
+    nonzero = advantages != 0
+    return nonzero if nonzero.dim() == 1 else nonzero.any(dim=-1)

@@ -48,6 +48,15 @@ def _seq_mean_token_sum(loss_mat: Tensor, mask: Tensor, num_seqs, num_tokens) ->
     return _div(per_seq.sum(), loss_mat.shape[0] if num_seqs is None else num_seqs)
 
 
+def per_token(adv: Tensor, valid: Tensor) -> Tensor:
+    """[B] advantages as [B, 1] (broadcast over tokens), [B, T] as they are, checked."""
+    if adv.dim() == 1 and adv.shape[0] == valid.shape[0]:
+        return adv[:, None]
+    if adv.shape == valid.shape:
+        return torch.where(valid, adv, 0.0)
+    raise ValueError(f"advantages must be [B] or [B, T] like the mask {tuple(valid.shape)}; got {tuple(adv.shape)}")
+
+
 def aggregate(
     loss_mat: Tensor,
     mask: Tensor,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ibpo_lit.algorithms.aggregation import aggregate
+from ibpo_lit.algorithms.aggregation import aggregate, per_token
 from ibpo_lit.algorithms.registry import POLICY_LOSSES, LossInputs, LossSettings
 
 
@@ -39,7 +39,8 @@ def grpo_loss(
     Args:
         logp: [B, T] log pi_theta of the sampled tokens (requires grad).
         old_logp: [B, T] log pi_old (constant).
-        advantages: [B] one advantage per sequence, broadcast over its tokens.
+        advantages: [B] one advantage per sequence, broadcast over its tokens, or [B, T] one
+            per token (REINFORCE++).
         mask: [B, T] bool or float, passed to ``aggregate``.
         eps_low, eps_high: clip range ``[1 - eps_low, 1 + eps_high]`` of ``rho_t``.
         agg_mode: a name in ``AGGREGATIONS``.
@@ -56,7 +57,7 @@ def grpo_loss(
     # where(), not * mask: padding may hold -inf log-probs.
     logp = torch.where(valid, logp.float(), 0.0)
     old_logp = torch.where(valid, old_logp.float(), 0.0)
-    adv = advantages.float()[:, None]  # [B, 1]
+    adv = per_token(advantages.float(), valid)  # [B, 1] or [B, T]
 
     ratio = torch.exp(logp - old_logp)  # [B, T]
     clipped_ratio = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)

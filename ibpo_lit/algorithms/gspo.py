@@ -3,7 +3,8 @@
 Sequence ratio ``s_i = exp(sum_t mask*(logp - old_logp) / |y_i|)``;
 GSPO-token ratio ``s_it = sg[s_i] * exp(logp_t - sg[logp_t])``;
 ``J_i = (1/|y_i|) * sum_t w_t * min(s_it*A_i, clip(s_it, 1-eps_low, 1+eps_high)*A_i)``;
-``loss = -sum_i J_i / num_seqs``.
+``loss = -sum_i J_i / num_seqs``. Token advantages ``A_it`` (REINFORCE++) take the place of
+``A_i`` in the token's term: GSPO-token's form, a sequence-level ratio with per-token credit.
 
 Covered: sequence-level GSPO and GSPO-token with per-token weights (IBPO-mask, CIW) in one
 function. With all ``w_t = 1`` the value of ``s_it`` is ``s_i`` for every t, so the min picks
@@ -27,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ibpo_lit.algorithms.aggregation import per_token
 from ibpo_lit.algorithms.registry import POLICY_LOSSES, LossInputs, LossSettings
 
 
@@ -51,7 +53,7 @@ def gspo_loss(
     Args:
         logp: [B, T] log pi_theta of the sampled tokens (requires grad).
         old_logp: [B, T] log pi_old of the same tokens (treated as constant).
-        advantages: [B] one advantage per sequence.
+        advantages: [B] one advantage per sequence, or [B, T] one per token.
         mask: [B, T] bool (or 0/1), True on response tokens.
         eps_low, eps_high: clip range ``[1 - eps_low, 1 + eps_high]`` of the ratio.
         token_weights: [B, T] float ``w_t`` or None (all 1).
@@ -61,7 +63,8 @@ def gspo_loss(
     Returns:
         loss: [] float32 scalar ``-sum_i J_i / num_seqs``.
         metrics: detached [] float32 tensors "clip_frac" (share of non-empty sequences whose
-            clipped branch is active), "ratio_mean", "ratio_max", "ratio_min" (``s_i`` over
+            clipped branch is active; with token advantages each sequence counts the share of
+            its tokens whose branch is), "ratio_mean", "ratio_max", "ratio_min" (``s_i`` over
             non-empty sequences).
     """
     del num_tokens  # GSPO always averages over sequences
@@ -70,13 +73,13 @@ def gspo_loss(
     length = lengths.clamp_min(1).float()
     logp = _masked(logp, valid)
     old_logp = _masked(old_logp, valid)
-    adv = advantages.float()
+    adv = per_token(advantages.float(), valid)  # [B, 1] or [B, T]
 
     log_seq_ratio = (logp - old_logp).sum(-1) / length  # [B] log s_i
     # s_it: value s_i, gradient through token t only (sg = detach).
     token_ratio = torch.exp(log_seq_ratio.detach()[:, None] + logp - logp.detach())  # [B, T]
-    unclipped = token_ratio * adv[:, None]
-    clipped = token_ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv[:, None]
+    unclipped = token_ratio * adv
+    clipped = token_ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
     surrogate = torch.minimum(unclipped, clipped)  # [B, T]
 
     weights = valid.float() if token_weights is None else _masked(token_weights, valid)
@@ -87,9 +90,10 @@ def gspo_loss(
     with torch.no_grad():
         seq_ratio = log_seq_ratio.exp()
         nonempty = lengths > 0
-        is_clipped = ((adv > 0) & (seq_ratio > 1.0 + eps_high)) | (
-            (adv < 0) & (seq_ratio < 1.0 - eps_low)
-        )
+        s = seq_ratio[:, None]
+        clipped_tokens = ((adv > 0) & (s > 1.0 + eps_high)) | ((adv < 0) & (s < 1.0 - eps_low))  # [B, 1|T]
+        # a sequence's share of clipped tokens: 0 or 1 with one advantage per sequence
+        is_clipped = (clipped_tokens & valid).sum(-1) / length if adv.shape[1] > 1 else clipped_tokens[:, 0]
         if nonempty.any():
             r = seq_ratio[nonempty]
             metrics = {

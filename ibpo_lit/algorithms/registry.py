@@ -9,7 +9,8 @@ Contracts of the entries:
 
 - ``POLICY_LOSSES[name](inputs: LossInputs, settings: LossSettings) -> (loss, metrics)``: every
   loss takes the same two arguments, so the caller never branches on the loss's name.
-  ``inputs`` holds logp, old_logp, mask, token_weights [B, T], advantages [B] and ``num_seqs`` /
+  ``inputs`` holds logp, old_logp, mask, token_weights [B, T], advantages [B] (one per
+  sequence) or [B, T] (one per token, the token-level estimators'), and ``num_seqs`` /
   ``num_tokens``, the GLOBAL counts of the whole batch when the caller splits it into
   micro-batches (see ``aggregation.py``). ``settings`` holds the clip range and GRPO's
   aggregation (from ``algorithm``; a loss ignores what it has no use for: GSPO is always a mean
@@ -18,7 +19,16 @@ Contracts of the entries:
   minimise; metrics a dict of detached scalar tensors. The pure formulas (``gspo_loss``,
   ``grpo_loss``) keep their own keyword signatures; the entries adapt them.
 - ``ADVANTAGE_SCALES[name](rewards, finite, group_index, group_mean, group_count) -> [B]``:
-  the denominator of ``A = (r - mean_g) / denominator`` (see ``advantages.py``).
+  the denominator of ``A = (r - mean_g) / denominator`` (see ``advantages.py``): the
+  group-relative estimators, one advantage per sequence, computed per group.
+- ``TOKEN_ADVANTAGES[name](rewards, kl, mask, settings, total) -> [B, T]``: the token-level
+  estimators (REINFORCE++), one advantage per token from the outcome reward and a per-token
+  KL put into the reward: ``rewards`` [B] (NaN = unscorable), ``kl`` [B, T] or None (no KL in
+  the reward), ``mask`` [B, T], ``settings`` a ``TokenAdvantageSettings``, ``total`` a
+  function summing a list of floats over every process (identity in one), so that batch
+  statistics are the whole run's. They have no groups: a caller hands them its whole batch.
+  ``algorithm.advantage_scale`` names an entry of either table (``advantages.py``'s
+  ``is_token_level`` says which); every policy loss takes advantages [B] or [B, T].
 - ``AGGREGATIONS[name](loss_mat, mask, num_seqs, num_tokens) -> scalar`` (``aggregation.py``).
 - ``SHAPING_VARIANTS[name](beta, kept_fraction, changed) -> (Delta, token_weights)`` for the
   rows where the IBPO condition holds (``shaping.py``): ``kept_fraction`` a float or [B],
@@ -44,6 +54,14 @@ class LossSettings:
     agg_mode: Optional[str] = None  # GRPO's aggregation (None: the loss's default)
 
 
+@dataclass(frozen=True)
+class TokenAdvantageSettings:
+    """A token-level advantage estimator's settings, from ``algorithm`` (``AlgorithmConfig``)."""
+
+    kl_coef: float = 0.0  # weight of the per-token KL in the reward (``algorithm.beta_kl``)
+    gamma: float = 1.0  # discount of the token returns (``algorithm.gamma``)
+
+
 @dataclass
 class LossInputs:
     """What every policy loss is computed from (shapes in the module docstring)."""
@@ -59,6 +77,7 @@ class LossInputs:
 
 POLICY_LOSSES = Registry("policy loss")
 ADVANTAGE_SCALES = Registry("advantage scale")
+TOKEN_ADVANTAGES = Registry("token-level advantage estimator")
 SHAPING_VARIANTS = Registry("shaping variant")
 AGGREGATIONS = Registry("aggregation mode")
 

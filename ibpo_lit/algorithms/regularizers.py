@@ -18,6 +18,9 @@ KL estimators, per token, with ``d = log pi_ref(y_t) - log pi(y_t)`` on tokens s
   in expectation, the gradient of KL(ref || pi), the forward KL. TRL's default differs again (its
   k3 is weighted by the importance ratio to pi_old).
 
+With ``advantage_scale: reinforce_plus_plus`` the KL is not a loss term: ``token_kl`` gives the
+per-token estimate that REINFORCE++ subtracts from the reward (``advantages.token_returns``).
+
 The entropy ``H_t`` is the full-distribution entropy at each sampled position, computed from the
 logits the loss's forward already holds (``ibpo_lit.training.logprobs``).
 """
@@ -49,6 +52,15 @@ def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
 def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     d = ref_logp - logp
     return torch.exp(d) - d - 1.0
+
+
+def token_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor, estimator: str = "k1") -> Tensor:
+    """[B, T] float32 per-token KL estimate ``KL_ESTIMATORS[estimator](logp, ref_logp)``, 0 off
+    the mask (padding may hold -inf log-probs). REINFORCE++ puts ``-beta * token_kl`` into the
+    reward (``advantages.token_returns``)."""
+    valid = mask != 0
+    kl = KL_ESTIMATORS.get(estimator)(torch.where(valid, logp.float(), 0.0), torch.where(valid, ref_logp.float(), 0.0))
+    return torch.where(valid, kl, 0.0)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
+from ibpo_lit.algorithms.advantages import rows_with_advantage
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.training.metric_reductions import SUM, reduction_of
 from ibpo_lit.training.step_types import Corrections, ScoredRollouts
@@ -51,7 +52,7 @@ def informative_groups(step: ScoredRollouts) -> Tensor:
             raise ValueError("an update row is neither a rollout nor a correction sample with a known source")
         rows.append(groups[corrections.train_source.cpu()])
     out = torch.zeros(len(step.prompts), dtype=torch.bool)
-    out[torch.cat(rows)[advantages != 0]] = True
+    out[torch.cat(rows)[rows_with_advantage(advantages)]] = True
     return out
 
 

@@ -65,7 +65,7 @@ class UpdateBatch:
     """What the updates train on: the rollouts, plus the correction samples when trained jointly."""
 
     batch: RolloutBatch  # N = B (+ C) rows
-    advantages: Tensor  # [N] float
+    advantages: Tensor  # [N] float, or [N, Lr'] with a token-level estimator (REINFORCE++)
     token_weights: Tensor | None  # [N, Lr'] float, None = all ones
 
 

@@ -24,6 +24,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from ibpo_lit.algorithms.advantages import rows_with_advantage
 from ibpo_lit.algorithms.registry import POLICY_LOSSES, LossInputs
 from ibpo_lit.algorithms.regularizers import regularizers
 from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
@@ -224,7 +225,7 @@ class PolicyUpdate:
         entropy term), and a row with no response token in the loss (all masked out) nothing at
         all: their forwards are skipped, while the caller keeps them in its denominators. Sorted
         by prompt + response length (stable), so that a micro-batch's rows need less padding."""
-        active = rows if self.regularizer.needs_every_row else rows[advantages[rows] != 0]
+        active = rows if self.regularizer.needs_every_row else rows[rows_with_advantage(advantages[rows])]
         active = active[batch.policy_mask[active].any(dim=1)]  # (tool-output tokens are not trained)
         lengths = batch.response_mask[active].sum(dim=1) + batch.prompt_mask[active].sum(dim=1)
         return active[torch.argsort(lengths, stable=True)]
@@ -296,9 +297,9 @@ class PolicyUpdate:
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """Forward ``batch`` (trimmed to its own padding) and return the configured loss.
 
-        ``advantages`` [n]; ``token_weights`` and ``old_logp`` [n, >=Lr] (cut to the batch's
-        response length); ``old_logp=None`` means on-policy (``pi_old`` = this forward,
-        detached); ``ref_logp`` [n, >=Lr] the reference's (needed when ``beta_kl > 0``). The
+        ``advantages`` [n] or [n, >=Lr] (token-level estimators); ``token_weights`` and
+        ``old_logp`` [n, >=Lr] (cut to the batch's response length); ``old_logp=None`` means
+        on-policy (``pi_old`` = this forward, detached); ``ref_logp`` [n, >=Lr] the reference's (needed when ``beta_kl > 0``). The
         entropy comes from this forward's logits (``train/entropy``). ``num_seqs``/``num_tokens`` are the global denominators (default: this
         batch's own), so several calls' losses add up to one batch's loss. ``bookkeeping=False``
         (a padding pass) leaves the token counters and the mismatch metric alone.
@@ -321,7 +322,7 @@ class PolicyUpdate:
         # forward, as context, but neither in the loss nor in the importance ratio.
         mask = batch.policy_mask
         inputs = LossInputs(
-            logp, old, advantages, mask,
+            logp, old, advantages[:, :width] if advantages.dim() == 2 else advantages, mask,
             token_weights=token_weights[:, :width] if token_weights is not None else None,
             num_seqs=num_seqs, num_tokens=num_tokens,
         )
@@ -342,6 +343,12 @@ class PolicyUpdate:
         add these forwards to ``step_stats``."""
         if not self.regularizer.needs_ref_logp:
             return None
+        return self.reference_logprobs(batch, count)
+
+    def reference_logprobs(self, batch: RolloutBatch, count: bool = True) -> Tensor:
+        """The reference's log-probs [B, Lr] of ``batch``, whether or not the loss has a KL term
+        (REINFORCE++ puts the KL into the reward, before the advantages: the module calls this
+        on the step's batch). ``batch`` on the update's device; every rank must call it."""
         if self.ref_policy is None and is_lora(self.policy):
             with reference_of(self.policy) as base:
                 return self.logprobs_no_grad(base, batch, count)
