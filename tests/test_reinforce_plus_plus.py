@@ -160,3 +160,20 @@ def test_token_kl_estimator_of_the_reward():
     torch.testing.assert_close(token_kl(logp, ref, mask, "k1"), torch.tensor([[0.5, -1.0]]))
     d = ref - logp
     torch.testing.assert_close(token_kl(logp, ref, mask, "k3"), torch.exp(d) - d - 1)
+
+
+def test_tool_turns_carry_no_kl_reward_and_no_share_of_the_statistics():
+    """A rollout's tool-output tokens (``tool_mask``) are not the policy's: zero advantage, no KL
+    reward, out of the whitening; the outcome sits on the policy's last token."""
+    step = _step([1.0, 0.0, 0.0, 1.0], lengths=[4, 4, 4, 4], logp=-1.0)
+    tools = [[False, True, True, False], [False] * 4, [False, False, True, True], [False] * 4]
+    step.rollouts.tool_mask = torch.tensor(tools)
+    reference, _ = _reference(shift=0.2)
+    assemble_update(step, _algo(beta_kl=0.5), pad_token_id=0, reference_logprobs=reference)
+    adv, policy = step.update.advantages, step.rollouts.policy_mask
+    assert torch.equal(adv[~policy], torch.zeros(int((~policy).sum())))
+    expected = reinforce_plus_plus_advantages(step.rewards, torch.where(policy, 0.2, 0.0), policy,
+                                              TokenAdvantageSettings(kl_coef=0.5))
+    torch.testing.assert_close(adv, expected)
+    # row 2's last policy token is its second: the outcome (0) and two KL rewards end there
+    assert adv[2, 1] != 0 and adv[2, 2] == 0
