@@ -47,6 +47,9 @@ class RankRecorder(L.Callback):
                 "responses": step.rollouts.response_lists(),
                 "seeds": step.rollouts.seeds.tolist(),
                 "tool_tokens": step.rollouts.tool_mask.sum(dim=1).tolist(),
+                "correction_prompts": pl_module.tokenizer.batch_decode(step.corrections.train_batch.prompt_lists())
+                if step.corrections is not None and step.corrections.train_batch is not None
+                else [],
                 "rewards": step.rewards.tolist(),
                 "corrections": step.corrections.train_batch.response_lists()
                 if step.corrections is not None and step.corrections.train_batch is not None

@@ -40,6 +40,9 @@ def test_tool_rollouts_train_and_log_their_metrics(runs):
     assert all(torch.isfinite(torch.tensor(v)) for v in logged["train/loss"].values())
     assert any(t > 0 for r in single["rollouts"] for t in r["tool_tokens"])
     assert "train/reward" in logged
+    # IBPO's correction prompts show the transcripts as they were, tool turns included
+    prompts = [p for r in single["rollouts"] for p in r["correction_prompts"]]
+    assert prompts and any("```output\n" in p for p in prompts)
 
 
 @pytest.mark.slow
