@@ -6,11 +6,16 @@
   token embeds to the same vector and every attention/MLP output is zero, so the last hidden
   state is the same for any prompt, and the LM head's only non-zero row (that character's)
   points along it.
+- `CorrectionsOnRankZeroOnly`: a callback (loaded by class path into 2-process fits) that, before
+  the corrections run, marks every rollout of rank 1 correct (reward 1) and every other one of
+  rank 0 wrong (reward 0: IBPO corrects a reward of exactly 0), so rank 1 has nothing to correct
+  while rank 0 does: the corrections' scoring must still run on both ranks.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+import lightning as L
 import torch
 from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 
@@ -49,3 +54,11 @@ def save_constant_judge(folder: Path, reply: str = "1") -> Path:
     model.save_pretrained(folder)
     build_tiny_tokenizer().save_pretrained(folder)
     return folder
+
+
+class CorrectionsOnRankZeroOnly(L.Callback):
+    def on_rollouts_scored(self, trainer, pl_module, step):
+        if trainer.global_rank == 1:
+            step.rewards = torch.ones_like(step.rewards)
+        else:
+            step.rewards = (torch.arange(len(step.rewards)) % 2).float()

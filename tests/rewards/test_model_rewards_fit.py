@@ -64,3 +64,36 @@ def test_fit_with_the_policy_as_a_logged_judge(tmp_path):
     assert "reward/math" in logged and "train/reward" in logged
     # the random policy's replies are no YES/NO: unscorable for the judge, counted, not 0; math unaffected
     assert logged["train/reward_none"][0] > 0 and logged["train/unscorable"] == [0.0]
+
+
+@pytest.mark.slow
+def test_two_fsdp2_processes_score_with_a_sharded_reward_model_and_judges(tmp_path, monkeypatch):
+    """configs/tiny_fsdp.yaml (2 processes, FSDP2, corrections on): the reward model and the
+    separate judge are sharded, the policy judges through its sharded HF engine. Rank 0 has
+    corrections to score and rank 1 none (`CorrectionsOnRankZeroOnly`): scoring, a collective
+    here, still runs on both (a rank that skipped it would leave the other waiting, or pair its
+    collectives with the wrong ones), and the run ends, logging each reward."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scale"))
+    from fit_runs import CORRECTIONS, callbacks, run_fit
+
+    monkeypatch.setenv("PYTHONPATH", os.path.dirname(os.path.abspath(__file__)))  # the callback's module
+
+    rm = save_tiny_reward_model(tmp_path / "tiny-rm")
+    judge = save_constant_judge(tmp_path / "judge-model", reply="1")
+    (tmp_path / "says_one.txt").write_text("Problem: {problem}\nAnswer: {response}\nScore from 0 to 1:")
+    rewards = [
+        {"name": "math"},
+        {"name": f"reward_model:{rm}", "weight": 0.5, "options": {"batch_size": 3}},
+        {"name": f"judge:{tmp_path / 'says_one.txt'}", "weight": 0.5,
+         "options": {"model": str(judge), "parser": "score_0_1", "max_new_tokens": 1}},
+        {"name": "judge:correctness", "weight": 0.0, "options": {"max_new_tokens": 3}},
+    ]
+    root = tmp_path / "run"
+    run_fit("tiny_fsdp.yaml", root, "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
+            "--model.rewards", json.dumps(rewards),
+            "--trainer.callbacks", callbacks({"class_path": "model_reward_fixtures.CorrectionsOnRankZeroOnly"}, CORRECTIONS))
+    logged = scalars(root)
+    assert logged["reward/judge_says_one"] == [1.0, 1.0]
+    assert len(logged["reward/tiny-rm"]) == 2 and len(logged["reward/math"]) == 2
+    assert logged["train/unscorable"] == [0.0, 0.0]
+    assert all(n > 0 for n in logged["train/corrections"])  # rank 0's (summed over ranks)
