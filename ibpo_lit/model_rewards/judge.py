@@ -223,7 +223,10 @@ def check_judge(target: str, options: JudgeOptions) -> tuple[JudgeTemplate, Call
                           f"{{name: 'judge:{target}', options: {{parser: yes_no}}}}")
     if options.model != POLICY:
         check_model_path(options.model)
-    return template, get_parser(parser)
+    try:
+        return template, get_parser(parser)
+    except ConfigError as e:
+        raise ConfigError(f"judge:{target}: {e}") from None
 
 
 class Judge:

@@ -47,7 +47,10 @@ def _kind_and_options(spec: RewardSpec) -> tuple[ModelRewardKind, Any]:
     unknown = sorted(set(given) - set(valid))
     if unknown:
         raise ConfigError(f"model.rewards: {spec.name!r} has no option {unknown[0]!r}; its options: {', '.join(valid)}")
-    return kind, kind.options_type(**given)
+    try:
+        return kind, kind.options_type(**given)
+    except ConfigError as e:
+        raise ConfigError(f"model.rewards: {spec.name!r}: {e}") from None
 
 
 def check_model_reward(spec: RewardSpec) -> None:
