@@ -106,6 +106,20 @@ def test_a_nan_score_is_unscorable(rm):
     assert pool.stats == {"ok": 1, "timeout": 0, "error": 0, "none": 1}
 
 
+def test_a_failing_batch_is_unscorable_as_a_whole_and_counted(caplog):
+    def raises(prompts, completions, **_):
+        raise RuntimeError("out of memory")
+
+    pool = InTrainerPool("reward_model:x", raises)
+    assert pool.score([("a", "1"), ("b", "1")]) == [None, None]
+    assert pool.stats["error"] == 2 and pool.last_error == "raised RuntimeError: out of memory"
+    assert "reward 'reward_model:x' raised RuntimeError: out of memory, on a batch of 2 response(s)" in caplog.text
+    short = InTrainerPool("reward_model:x", lambda prompts, completions, **_: [1.0])
+    assert short.score([("a", "1"), ("b", "1")]) == [None, None] and short.last_error == "returned 1 values for 2 completions"
+    odd = InTrainerPool("reward_model:x", lambda prompts, completions, **_: [float("inf"), "high"])
+    assert odd.score([("a", "1"), ("b", "1")]) == [None, None] and odd.stats["error"] == 2
+
+
 def test_errors_name_the_reward_and_what_is_wrong(tmp_path, rm_dir):
     with pytest.raises(ConfigError, match="not a sequence-classification model .*LlamaForCausalLM"):
         from ibpo_lit.models.tiny import build_tiny_model, build_tiny_tokenizer
