@@ -46,7 +46,8 @@ from ibpo_lit.evaluation.metrics import avg_at_k, mean_pass_at_k
 from ibpo_lit.models.hf_compat import enable_activation_checkpointing
 from ibpo_lit.models.lora import LoRAConfig, adapter_state, apply_lora
 from ibpo_lit.models.loading import load_policy, load_sharded_policy, model_files
-from ibpo_lit.rewards import RewardSpec, WeightedRewards, resolve_specs
+from ibpo_lit.model_rewards import ModelRewardContext, check_model_reward, model_reward_pool
+from ibpo_lit.rewards import RewardSpec, WeightedRewards, model_scored_kind, resolve_specs
 from ibpo_lit.rollout.engine import RolloutEngine
 from ibpo_lit.rollout.factory import build_engine
 from ibpo_lit.rollout.tools import tool_metrics, unwrap
@@ -83,14 +84,20 @@ class IBPOModule(L.LightningModule):
         rollout: Sampling and how the rollout batch is split into updates.
         optim: Optimizer and learning-rate schedule.
         reward: The reward: a built-in verifier by name (``math``: math-verify against the gold
-            answer; ``code``: the gold's tests in the sandbox, docs/sandbox.md) or an import path
+            answer; ``code``: the gold's tests in the sandbox, docs/sandbox.md), an import path
             ``package.module:function`` called in batches as ``fn(prompts, completions,
-            **columns) -> list[float | None]`` (TRL's convention; docs/rewards.md). Unset:
-            ``math``, unless ``rewards`` is set (setting both is an error). Scored through
+            **columns) -> list[float | None]`` (TRL's convention; docs/rewards.md), or a model
+            scoring in the trainer, on the policy's device (sharded under FSDP2):
+            ``reward_model:<path or hub id>`` (an AutoModelForSequenceClassification with one
+            label: its logit) or ``judge:<template or file>`` (the policy, or
+            ``options.model``, asked with a template, its reply parsed; docs/reward_models.md).
+            Unset: ``math``, unless ``rewards`` is set (setting both is an error). Scored through
             ``ibpo_lit.tasks.scoring_pool``, the pool evaluation uses too.
-        rewards: Several rewards, ``[{name, weight}]`` (names as ``reward``): the reward is
-            their weighted sum, unscorable when any of non-zero weight is; each is logged as
-            ``reward/<name>`` (an import path's function name), ``train/reward`` is the sum.
+        rewards: Several rewards, ``[{name, weight, options}]`` (names as ``reward``; ``options``
+            only for ``reward_model:`` and ``judge:``, e.g. ``{batch_size: 8}``, ``{model:
+            path, parser: yes_no}``): the reward is their weighted sum, unscorable when any of
+            non-zero weight is; each is logged as ``reward/<name>`` (an import path's function
+            name, a reward model's folder name, ``judge_<template>``), ``train/reward`` is the sum.
         reward_workers: Responses scored at once (worker processes per reward; code: sandboxes).
         reward_timeout_s: Hard time limit per scored response (a batch of ``b`` responses gets
             ``b`` times it); a response that runs past it (or whose reward raises, returns None
@@ -98,9 +105,9 @@ class IBPOModule(L.LightningModule):
             ignored by the group statistics, counted in ``train/unscorable``. Code is bounded by
             each program's own limits instead (the tests' ``timeout_s``), and a program's
             timeout is its score 0.
-        reward_batch_size: Responses per call of an import-path reward. Unset: a scoring
-            call's responses split evenly over ``reward_workers`` (one call per worker).
-            Built-in rewards are called per response.
+        reward_batch_size: Responses per call of an import-path reward, and per forward of a
+            reward model (default 16 there). Unset: a scoring call's responses split evenly over
+            ``reward_workers`` (one call per worker). Built-in rewards are called per response.
         val_samples: Responses sampled per validation prompt (``val/accuracy`` is their mean
             reward: avg@k), with the rollouts' decoding settings and fixed seeds.
         max_nonfinite_steps: Stop after this many consecutive steps whose loss or gradient
@@ -147,6 +154,9 @@ class IBPOModule(L.LightningModule):
         self.optim_cfg = optim
         # Loads every reward now: a typo (listing valid names) or an import error fails here.
         self.reward_specs = resolve_specs(reward, rewards)
+        for spec in self.reward_specs:  # reward_model: / judge: checked without loading weights
+            if model_scored_kind(spec.name) is not None:
+                check_model_reward(spec)
         if reward_workers < 1 or not reward_timeout_s > 0:
             raise ValueError(
                 f"reward_workers must be >= 1 and reward_timeout_s > 0, got {reward_workers}, {reward_timeout_s}"
@@ -402,12 +412,26 @@ class IBPOModule(L.LightningModule):
         where a text cannot be scored (timed out, raised, returned None or a bad value). A
         reward function gets each prompt's problem text and its record's fields as columns."""
         if self._reward_pool is None:
-            self._reward_pool = WeightedRewards(self.reward_specs, lambda name: scoring_pool(
-                name, self.reward_workers, self.reward_timeout_s, batch_size=self.reward_batch_size))
+            self._reward_pool = WeightedRewards(self.reward_specs, self._reward_scoring_pool)
         values = self._reward_pool.score([(text, prompt.gold) for text, prompt in zip(texts, prompts)],
                                          [prompt.problem for prompt in prompts],
                                          [getattr(prompt, "columns", None) or {} for prompt in prompts])
         return torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
+
+    def _reward_scoring_pool(self, name: str):
+        """The pool a reward of ``model.rewards`` is scored in: a model scoring in this process,
+        handed what it needs from the run (`ModelRewardContext`: device, collectives, FSDP2
+        plan, and the engine's generate and tokenizer for a judge that is the policy), or its
+        task's pool (`scoring_pool`)."""
+        if model_scored_kind(name) is None:
+            return scoring_pool(name, self.reward_workers, self.reward_timeout_s, batch_size=self.reward_batch_size)
+        spec = next(s for s in self.reward_specs if s.name == name)
+        engine = self.engine
+        return model_reward_pool(spec, ModelRewardContext(
+            device=self.device, sync=self.sync, plan=self._plan, dtype=self.dtype_name,
+            batch_size=self.reward_batch_size, tokenizer=self.tokenizer,
+            generate=engine.generate if engine is not None else None, context_limit=self.context_limit,
+            seed=self.rollout_cfg.seed))
 
     def _reward_failure(self) -> Optional[tuple[str, Optional[str]]]:
         """``(reward, its last error)`` of the last `score` call's unscorable responses, or None."""

@@ -29,7 +29,7 @@ from typing import Optional, Sequence, Union
 
 from ibpo_lit.registry import Registry
 from ibpo_lit.rewards.code import CodeResult, extract_code
-from ibpo_lit.rewards.functions import is_import_path
+from ibpo_lit.rewards.functions import is_import_path, model_scored_kind
 from ibpo_lit.rewards.pool import RewardPool
 from ibpo_lit.rewards.sandbox.pool import UNSCORABLE, SandboxPool
 
@@ -228,15 +228,16 @@ def scoring_pool(reward: str, num_workers: int = 1, timeout_s: float = 5.0, batc
 def task_for_rewards(reward: Optional[str], rewards: Optional[Sequence] = None) -> str:
     """``data.task`` from the rewards (linked by the command line): a task whose records are run
     as programs wins when its verifier is among the rewards (the prompts and corrections are
-    then code prompts); ``custom`` when every reward is an import path (records may lack an
-    answer); otherwise the task of the single built-in reward, or ``math``."""
+    then code prompts); ``custom`` when every reward is your own, an import path or a model
+    (``reward_model:``, ``judge:``; records may lack an answer); otherwise the task of the single
+    built-in reward, or ``math``."""
     names = [reward] if rewards is None else [_name_of(r) for r in rewards]
     names = [n if n is not None else DEFAULT_TASK for n in names] or [DEFAULT_TASK]
     owners = [task_of_reward(n) if isinstance(n, str) else None for n in names]
     program = next((t for t in owners if t is not None and t.runs_programs), None)
     if program is not None:
         return program.name
-    if all(isinstance(n, str) and is_import_path(n) for n in names):
+    if all(isinstance(n, str) and (is_import_path(n) or model_scored_kind(n) is not None) for n in names):
         return CUSTOM_TASK
     if len(owners) == 1 and owners[0] is not None:
         return owners[0].name

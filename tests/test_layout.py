@@ -64,12 +64,13 @@ ALLOWED = {
     "config": BASE | {"algorithms", "rollout", "tasks"},
     "plan": BASE | {"models", "scale", "rollout", "config"},
     "config_checks": BASE | {"models", "plan", "rollout", "scale", "config"},
+    "model_rewards": BASE | {"models", "rewards", "rollout", "scale"},  # reward models and judges, in the trainer
     "training": BASE | {"algorithms", "config", "data", "models", "rollout", "scale", "tasks"},
     "tool_use": BASE | {"rewards", "rollout"},  # an engine and the sandboxed interpreter, joined
     "evaluation": BASE | {"config_checks", "data", "models", "rewards", "rollout", "tasks", "tool_use", "training"},
     "experiments": BASE | {"algorithms", "data", "evaluation", "rollout"},  # the exact-gradient testbed runs the formulas
-    "module": BASE | {"algorithms", "config", "config_checks", "data", "evaluation", "models", "rewards",
-                      "rollout", "scale", "tasks", "tool_use", "training"},
+    "module": BASE | {"algorithms", "config", "config_checks", "data", "evaluation", "model_rewards", "models",
+                      "rewards", "rollout", "scale", "tasks", "tool_use", "training"},
     "callbacks": BASE | {"algorithms", "models", "rollout", "scale", "training"},  # never the module
     "help_cache": {"cache_dir"},
 }

@@ -12,7 +12,9 @@ by name in a `RewardPool` (worker processes, killed past the timeout); `math_sco
 with its own time limit (`ibpo_lit.rewards.code`); `run_tests` and `code_score` run tests given
 directly, and `SandboxPool` runs several programs at once and counts their statuses.
 `WeightedRewards` sums several (``model.rewards``); the pool each reward is scored in is its
-task's (``ibpo_lit.tasks.scoring_pool``, the same in training and in evaluation).
+task's (``ibpo_lit.tasks.scoring_pool``, the same in training and in evaluation). Rewards a model
+scores in the trainer (``reward_model:...``, ``judge:...``, `model_scored_kind`) are only named
+here; ``ibpo_lit.model_rewards`` builds them.
 
 Keep this package light (no torch, no Lightning): pool workers import it.
 """
@@ -34,6 +36,7 @@ from ibpo_lit.rewards.functions import (
     RewardOutputError,
     RewardSpec,
     load_reward,
+    model_scored_kind,
     resolve_specs,
 )
 from ibpo_lit.rewards.math import (
@@ -69,6 +72,7 @@ __all__ = [
     "math_score",
     "math_score_inprocess",
     "math_scores",
+    "model_scored_kind",
     "resolve_specs",
     "run_code_tests",
     "run_tests",

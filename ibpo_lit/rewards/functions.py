@@ -25,6 +25,14 @@ A reward is named by a *spec*: a built-in name (``math``, ``code``, or one regis
 ``@REWARDS.register``) or an import path ``package.module:function`` (``:obj.attr`` also works,
 for a callable object). `load_reward(spec)` turns either into the batch function.
 
+A third kind is scored by a model in the trainer's own process, on its device (under FSDP2 on
+every rank, sharded), rather than in worker processes: ``reward_model:<path or hub id>`` (a
+sequence classifier) and ``judge:<template>`` (an LLM asked with a template, its reply parsed).
+Their names are known here (`model_scored_kind`) so that specs, labels and the data's task treat
+them like any reward; they are built by ``ibpo_lit.model_rewards`` (which loads models, so it
+lives above this light package) and called with the same batch contract
+(docs/reward_models.md). A spec may carry ``options`` for these kinds only.
+
 What is not covered: conversational prompts (lists of messages) and completions, TRL's extra
 keyword arguments (``completion_ids``, ``trainer_state``), async reward functions.
 """
@@ -49,14 +57,19 @@ class RewardSpec:
 
     Args:
         name: A built-in reward (``math``, ``code``, or a name registered in
-            ``ibpo_lit.rewards.REWARDS``) or an import path ``package.module:function`` called
-            as ``fn(prompts, completions, **columns) -> list[float | None]`` (docs/rewards.md).
+            ``ibpo_lit.rewards.REWARDS``), an import path ``package.module:function`` called
+            as ``fn(prompts, completions, **columns) -> list[float | None]`` (docs/rewards.md),
+            or a model scoring in the trainer: ``reward_model:<path or hub id>`` or
+            ``judge:<template name or file>`` (docs/reward_models.md).
         weight: Its weight in the summed reward. 0 logs it (``reward/<name>``) without training
             on it.
+        options: Settings of a ``reward_model:`` or ``judge:`` reward (docs/reward_models.md);
+            no other reward takes any.
     """
 
     name: str
     weight: float = 1.0
+    options: Optional[dict[str, Any]] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -64,6 +77,16 @@ class RewardSpec:
         if isinstance(self.weight, bool) or not isinstance(self.weight, numbers.Real) \
                 or not math.isfinite(self.weight):
             raise ValueError(f"model.rewards: the weight of {self.name!r} must be a finite number, got {self.weight!r}")
+        kind = model_scored_kind(self.name)
+        if kind is not None and not model_target(self.name):
+            raise ValueError(f"model.rewards: {self.name!r} names no {'model' if kind == 'reward_model' else 'template'} "
+                             f"after '{kind}:' (e.g. '{MODEL_SCORED_EXAMPLES[kind]}')")
+        if self.options is not None:
+            if kind is None:
+                raise ValueError(f"model.rewards: {self.name!r} takes no options (only reward_model:... and judge:... "
+                                 "rewards do, docs/reward_models.md)")
+            if not isinstance(self.options, dict):
+                raise ValueError(f"model.rewards: the options of {self.name!r} must be a mapping, got {self.options!r}")
 
 
 class RewardImportError(ValueError):
@@ -74,14 +97,40 @@ class RewardOutputError(ValueError):
     """A reward function returned something other than one value per completion."""
 
 
+MODEL_SCORED_KINDS = ("reward_model", "judge")
+"""Prefixes of the rewards a model scores in the trainer (``ibpo_lit.model_rewards``)."""
+MODEL_SCORED_EXAMPLES = {"reward_model": "reward_model:Skywork/Skywork-Reward-V2-Qwen3-0.6B",
+                         "judge": "judge:correctness"}
+
+
+def model_scored_kind(spec: str) -> Optional[str]:
+    """``reward_model`` or ``judge`` for a spec a model scores in the trainer
+    (``reward_model:<path>``, ``judge:<template>``); None for any other reward."""
+    if not isinstance(spec, str):
+        return None
+    prefix, sep, _ = spec.partition(":")
+    return prefix if sep and prefix in MODEL_SCORED_KINDS else None
+
+
+def model_target(spec: str) -> str:
+    """What follows a model-scored reward's prefix: the model's path or hub id, the template."""
+    return spec.partition(":")[2].strip()
+
+
 def is_import_path(spec: str) -> bool:
-    """``package.module:function`` rather than a built-in name."""
-    return ":" in spec
+    """``package.module:function`` rather than a built-in name (or a model-scored reward)."""
+    return ":" in spec and model_scored_kind(spec) is None
 
 
 def reward_label(spec: str) -> str:
     """The name a reward is logged under (``reward/<label>``): the function's name for an
-    import path (``pkg.mod:length_penalty`` -> ``length_penalty``), the name otherwise."""
+    import path (``pkg.mod:length_penalty`` -> ``length_penalty``); a reward model's folder or
+    hub name (``reward_model:/models/my-rm/`` -> ``my-rm``); ``judge_`` and the template's name
+    or file stem for a judge (``judge:correctness`` -> ``judge_correctness``); the name otherwise."""
+    kind = model_scored_kind(spec)
+    if kind is not None:
+        last = model_target(spec).rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1]
+        return last if kind == "reward_model" else "judge_" + last.rsplit(".", 1)[0]
     return spec.rsplit(":", 1)[1].rsplit(".", 1)[-1] if is_import_path(spec) else spec
 
 
@@ -133,6 +182,9 @@ def load_reward(spec: str) -> BatchRewardFn:
     """
     if not isinstance(spec, str):
         raise ValueError(f"a reward is a name or 'package.module:function', got {spec!r}")
+    if model_scored_kind(spec) is not None:
+        raise ValueError(f"reward {spec!r} is scored by a model in the trainer (ibpo_lit.model_rewards), "
+                         "not by a function in a worker process")
     if is_import_path(spec):
         return import_reward(spec)
     return per_item(get_reward(spec))
@@ -195,7 +247,9 @@ def check_values(values: Any, n: int) -> tuple[list[Optional[float]], dict[int, 
 def resolve_specs(reward: Optional[str], rewards: Optional[Sequence[RewardSpec]]) -> list[RewardSpec]:
     """``model.reward`` (one reward, weight 1) or ``model.rewards`` (several), never both;
     ``math`` when neither is set. Every reward is loaded here once, so a typo, a module that
-    does not import or a missing function fails at configuration time.
+    does not import or a missing function fails at configuration time. A model-scored reward
+    (``reward_model:``, ``judge:``) is only named here: ``ibpo_lit.model_rewards.check_model_reward``
+    checks it, without loading weights.
 
     Raises:
         ValueError: both set, an empty list, two rewards logged under one name, or a reward that
@@ -217,7 +271,8 @@ def resolve_specs(reward: Optional[str], rewards: Optional[Sequence[RewardSpec]]
     if repeated:
         raise ValueError(f"model.rewards: two rewards would be logged as reward/{repeated[0]}; each needs its own name")
     for spec in specs:
-        load_reward(spec.name)
+        if model_scored_kind(spec.name) is None:
+            load_reward(spec.name)
     return specs
 
 

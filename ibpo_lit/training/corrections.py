@@ -24,8 +24,9 @@ group has no other scored rollout gets no correction.
 
 Several processes: every seed and every reference draw is a function of the rollout's global
 row (rank x rows per rank + row), so a run on N processes draws what one process drawing the
-same global batch would; and ``generate`` is called on every rank, with no prompts where a rank
-has no wrong rollout (a vLLM tensor-parallel group or an FSDP2-sharded HF engine needs every rank).
+same global batch would; and ``generate`` and ``score`` are called on every rank, with no prompts
+where a rank has no wrong rollout (a vLLM tensor-parallel group, an FSDP2-sharded HF engine and
+a reward model or judge scoring in the trainer need every rank).
 
 The k = 1 ablation (``reference: none``, "no counterfactual partner"): every wrong rollout gets a
 self-revision prompt showing only itself, no reference is drawn, and the full-rewrite filter
@@ -124,13 +125,15 @@ class Corrector:
         seeds = [row_seeds[i * k + j] for i, _ in pairs for j in range(k)]
         # Called on every rank, with no prompts where there is nothing to correct (a collective).
         batch = ctx.generate(prompt_ids, n=k, seeds=seeds, sampling=sampling)
+        corrected = batch.response_lists()
+        texts = ctx.tokenizer.batch_decode(corrected, skip_special_tokens=True) if corrected else []
+        source = [pairs[m][0] for m in batch.group_index.tolist()]  # the wrong rollout each sample corrects
+        # Scored on every rank too, with no texts where there are none: a reward model or a judge
+        # scoring in the trainer is a collective under FSDP2 (ibpo_lit.model_rewards).
+        scores = ctx.score(texts, [step.prompts[groups[i]] for i in source])
         if not pairs:
             out.metrics = {"train/corrections": 0.0, "train/rewrite_rate": 0.0, **long_metrics}
             return out
-        corrected = batch.response_lists()
-        texts = ctx.tokenizer.batch_decode(corrected, skip_special_tokens=True)
-        source = [pairs[m][0] for m in batch.group_index.tolist()]  # the wrong rollout each sample corrects
-        scores = ctx.score(texts, [step.prompts[groups[i]] for i in source])
 
         # Shaping uses the first correction of each wrong rollout (row m * k).
         firsts = [m * k for m in range(len(pairs))]

@@ -1,0 +1,230 @@
+"""``reward_model:<path or hub id>``: a sequence classifier's logit is the reward.
+
+What is covered:
+    * Loading: ``AutoTokenizer`` and ``AutoModelForSequenceClassification`` from a local folder
+      (``save_pretrained``, TRL's ``RewardTrainer`` output) or a hub id, in ``model.dtype`` (or
+      ``options.dtype``), on the policy's device, in eval mode, frozen, dropout off. Under
+      FSDP2 it is sharded like the policy (`ibpo_lit.scale.fsdp2.build_sharded`: rank 0 reads
+      the weights once, every rank keeps a shard).
+    * Checked before any weight loads (`check_reward_model`, at configuration time): the folder
+      exists, its ``config.json`` names a ``*ForSequenceClassification`` architecture, and it has
+      one output (``num_labels: 1``). A model with several labels is refused: which label, or
+      which combination, is the reward is the user's decision (write a reward function).
+    * The text scored: with the reward model's chat template when its tokenizer has one, the
+      conversation ``[user: problem, assistant: response]`` (TRL's conversational reward data);
+      without one, ``problem + response`` concatenated as they are (TRL's standard format),
+      with the tokenizer's special tokens. The problem is ``Prompt.problem`` (the record's
+      question, not the chat-templated prompt the policy saw).
+    * Truncation to ``max_length`` tokens (``options.max_length``; default the smaller of the
+      tokenizer's ``model_max_length`` and the model's ``max_position_embeddings``), by
+      ``options.truncation``: ``left`` (default) keeps the last tokens, where the score is read
+      (the response's end); ``right`` keeps the first; ``unscorable`` scores a text that is too
+      long as None. A truncation is logged once at WARNING.
+    * Scoring: batches of ``options.batch_size`` (else ``model.reward_batch_size``, else 16)
+      rows, right-padded (so positions and causal attention of the real tokens are those of the
+      unpadded text), under ``torch.no_grad()``. The score is Hugging Face's own pooling: the
+      logit at the last token that is not the pad token (as the model was trained with TRL).
+      The same text gets the same score alone or in any batch. A NaN or infinite score is None
+      (unscorable).
+    * Sharded (FSDP2): each forward is a collective, so every rank runs as many forwards as the
+      rank with the most batches (`RankSync.max`), the others a one-token forward whose output
+      is dropped; a rank with no responses takes part the same way. Every rank must call the
+      reward equally often, which the trainer's scoring points guarantee.
+
+What is not covered:
+    * Several outputs (``num_labels > 1``), pairwise (Bradley-Terry) comparison of responses,
+      process (per-step) reward models.
+    * Conversational prompts as lists of messages (a conversation's text form is the user turn).
+    * Tensor parallelism of the reward model; vLLM scoring; CPU offload of its shards.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ibpo_lit.errors import ConfigError
+from ibpo_lit.model_rewards.context import ModelRewardContext
+from ibpo_lit.models.loading import BUILTIN_MODELS, DTYPES, check_model_path, disable_dropout, resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZE = 16
+TRUNCATIONS = ("left", "right", "unscorable")
+
+
+@dataclass(frozen=True)
+class RewardModelOptions:
+    """``options`` of a ``reward_model:`` reward (``model.rewards``).
+
+    Args:
+        batch_size: Responses per forward (default ``model.reward_batch_size``, else 16).
+        max_length: Longest text scored, in the reward model's tokens (default: its own limit).
+        truncation: A longer text: ``left`` keeps its last ``max_length`` tokens (the response's
+            end, where the score is read), ``right`` its first, ``unscorable`` scores it None.
+        dtype: Weights' dtype (``float32``, ``bfloat16``, ``float16``; default ``model.dtype``).
+    """
+
+    batch_size: Optional[int] = None
+    max_length: Optional[int] = None
+    truncation: str = "left"
+    dtype: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        for key in ("batch_size", "max_length"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"reward_model options: {key} must be an integer >= 1 or unset, got {value!r}")
+        if self.truncation not in TRUNCATIONS:
+            raise ConfigError(f"reward_model options: truncation must be one of {', '.join(TRUNCATIONS)}, "
+                              f"got {self.truncation!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ConfigError(f"reward_model options: dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+
+
+def check_reward_model(target: str) -> str:
+    """Check, without loading weights, that ``target`` is a reward model ibpo-lit can score
+    with; returns what ``from_pretrained`` loads (a folder or a hub id).
+
+    Raises:
+        ConfigError: a built-in policy name, a folder that is not a model, a model that is not a
+            sequence classifier or has more than one label, a hub id whose config cannot be read.
+    """
+    from transformers import AutoConfig
+
+    spec = f"reward_model:{target}"
+    if target in BUILTIN_MODELS:
+        raise ConfigError(f"{spec}: {target!r} is a causal LM built in code, not a reward model; give the folder or "
+                          "hub id of an AutoModelForSequenceClassification with num_labels=1")
+    try:
+        check_model_path(target)
+        source = resolve_model_path(target)
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{spec}: cannot read the reward model's config ({type(e).__name__}: {e})") from e
+    architectures = list(getattr(config, "architectures", None) or [])
+    if not any(a.endswith("ForSequenceClassification") for a in architectures):
+        raise ConfigError(
+            f"{spec}: not a sequence-classification model (its config.json lists architectures {architectures}); "
+            "a reward model is saved from AutoModelForSequenceClassification with num_labels=1 (what TRL's "
+            "RewardTrainer writes). For an LLM that answers in words, use a judge: judge:<template> "
+            "(docs/reward_models.md)"
+        )
+    if config.num_labels != 1:
+        raise ConfigError(
+            f"{spec}: the model has {config.num_labels} outputs (num_labels={config.num_labels}); a reward model "
+            "has one, its logit being the score. Which label is the reward is yours to say: load it in a reward "
+            "function of your own (docs/rewards.md)"
+        )
+    return source
+
+
+class RewardModel:
+    """A sequence classifier scoring (problem, response) pairs (see the module docstring).
+
+    Called as every reward is: ``rm(prompts, completions, **columns) -> list[float | None]``.
+
+    Args:
+        target: The model's folder or hub id (what follows ``reward_model:``).
+        ctx: Device, collectives and FSDP2 plan of the run.
+        options: `RewardModelOptions`.
+    """
+
+    def __init__(self, target: str, ctx: ModelRewardContext, options: RewardModelOptions = RewardModelOptions()):
+        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+        source = check_reward_model(target)
+        self.name, self.ctx, self.options = f"reward_model:{target}", ctx, options
+        dtype = DTYPES[options.dtype or ctx.dtype]
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        if tokenizer.pad_token is None:
+            if tokenizer.eos_token is None:
+                raise ConfigError(f"{self.name}: its tokenizer has neither a pad nor an eos token to pad batches with")
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "right"
+        self.tokenizer = tokenizer
+        config = AutoConfig.from_pretrained(source)
+        disable_dropout(config)
+        if ctx.plan is not None:
+            from ibpo_lit.scale.fsdp2 import build_sharded
+
+            model = build_sharded(
+                lambda: AutoModelForSequenceClassification.from_config(config, dtype=dtype),
+                lambda: AutoModelForSequenceClassification.from_pretrained(source, config=config, dtype=dtype).state_dict(),
+                ctx.plan,
+            )
+        else:
+            model = AutoModelForSequenceClassification.from_pretrained(source, config=config, dtype=dtype)
+            model = model.to(ctx.device)
+        disable_dropout(model)
+        model.config.pad_token_id = tokenizer.pad_token_id  # Hugging Face's pooling finds the last non-pad token
+        self.model = model.eval().requires_grad_(False)
+        self.max_length = options.max_length or _own_limit(tokenizer, model.config)
+        self.batch_size = options.batch_size or ctx.batch_size or DEFAULT_BATCH_SIZE
+        self.truncated = 0  # texts cut to max_length so far
+        self.device = next(model.parameters()).device if ctx.plan is None else ctx.plan.device
+
+    # ---------------------------------------------------------------- the text
+    def encode(self, problem: str, response: str) -> list[int]:
+        """The token ids scored for one pair, before truncation (see the module docstring)."""
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template([{"role": "user", "content": problem},
+                                            {"role": "assistant", "content": response}], tokenize=False)
+            return list(tok(text, add_special_tokens=False).input_ids)
+        return list(tok(problem + response).input_ids)
+
+    def _bounded(self, ids: list[int]) -> Optional[list[int]]:
+        if self.max_length is None or len(ids) <= self.max_length:
+            return ids
+        self.truncated += 1
+        if self.truncated == 1:
+            logger.warning("%s: a text of %d tokens is longer than max_length=%d: %s (options.truncation); "
+                           "later ones are not logged", self.name, len(ids), self.max_length,
+                           "scored None" if self.options.truncation == "unscorable" else
+                           f"cut on the {self.options.truncation}")
+        if self.options.truncation == "unscorable":
+            return None
+        return ids[-self.max_length:] if self.options.truncation == "left" else ids[: self.max_length]
+
+    # ---------------------------------------------------------------- scoring
+    def __call__(self, prompts: list[str], completions: list[str], **_) -> list[Optional[float]]:
+        rows = [self._bounded(self.encode(p, c)) for p, c in zip(prompts, completions)]
+        order = sorted((i for i, ids in enumerate(rows) if ids is not None), key=lambda i: len(rows[i]))
+        batches = [order[i: i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        # Sharded: every forward is a collective; the ranks run as many as the busiest one.
+        forwards = self.ctx.sync.max(len(batches)) if self.ctx.plan is not None else len(batches)
+        out: list[Optional[float]] = [None] * len(rows)
+        with torch.no_grad():
+            for k in range(forwards):
+                if k >= len(batches):
+                    self._forward([[self.tokenizer.pad_token_id]])  # keeps step with the other ranks
+                    continue
+                scores = self._forward([rows[i] for i in batches[k]])
+                for i, value in zip(batches[k], scores):
+                    out[i] = value if math.isfinite(value) else None
+        return out
+
+    def _forward(self, rows: list[list[int]]) -> list[float]:
+        width = max(len(r) for r in rows)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=self.device)
+        mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=self.device)
+        logits = self.model(input_ids=input_ids, attention_mask=mask).logits  # [B, 1]
+        return logits[:, 0].float().cpu().tolist()
+
+    def close(self) -> None:
+        self.model = None
+
+
+def _own_limit(tokenizer, config) -> Optional[int]:
+    """The smaller of the tokenizer's ``model_max_length`` (when it is a real one) and the
+    model's ``max_position_embeddings``; None when neither is known."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limits = [getattr(text, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None)]
+    limits = [x for x in limits if isinstance(x, int) and 0 < x < 10**7]  # tokenizers say 1e30 for "none"
+    return min(limits) if limits else None
+
