@@ -426,7 +426,7 @@ class IBPOModule(L.LightningModule):
         if model_scored_kind(name) is None:
             return scoring_pool(name, self.reward_workers, self.reward_timeout_s, batch_size=self.reward_batch_size)
         spec = next(s for s in self.reward_specs if s.name == name)
-        engine = self.engine
+        engine = unwrap(self.engine) if self.engine is not None else None  # a judge's reply runs no cells
         return model_reward_pool(spec, ModelRewardContext(
             device=self.device, sync=self.sync, plan=self._plan, dtype=self.dtype_name,
             batch_size=self.reward_batch_size, tokenizer=self.tokenizer,
