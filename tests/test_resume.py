@@ -6,7 +6,7 @@ Why bitwise is possible here: every sampling seed is a function of (seed, step, 
 (`ibpo_lit.training.seeding`), the data stream's position, the optimizer, the scheduler and the module's
 counters are in the checkpoint, and both runs execute the same float operations on the same
 CPU. Only wall-clock metrics (``timing/*``, ``train/tokens_per_s``,
-``compute/device_seconds``) are left out of the comparison.
+``compute/device_seconds``, a tool call's ``rollout/tool_call_s``) are left out of the comparison.
 
 The runs use one intra-op thread (``OMP_NUM_THREADS=1``). With two threads on a busy machine,
 two *uninterrupted* runs of the same command already differ in the last bits (measured here:
@@ -43,7 +43,7 @@ from ibpo_lit.training.rng_state import capture_rng_state, restore_rng_state
 REPO = Path(__file__).resolve().parent.parent
 TINY = str(REPO / "configs" / "tiny.yaml")
 N = 4  # steps of the straight run; the other is killed at step >= N / 2
-WALL_CLOCK = ("timing/", "train/tokens_per_s", "compute/device_seconds")
+WALL_CLOCK = ("timing/", "train/tokens_per_s", "compute/device_seconds", "rollout/tool_call_s")
 
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")  # (tests/conftest.py)
@@ -78,18 +78,19 @@ sys.exit(entry_point(sys.argv[2:]))
 """
 
 
-def _fit_command(root: Path, *extra: str) -> list[str]:
+def _fit_command(root: Path, *extra: str, config: str = TINY) -> list[str]:
     helpers = root.parent / "helpers"
     helpers.mkdir(exist_ok=True)
     (helpers / "hash_reward.py").write_text(HASH_REWARD)
-    return [sys.executable, "-c", WRAPPER, str(helpers), "fit", "--config", TINY, "--trainer.max_steps", str(N),
+    return [sys.executable, "-c", WRAPPER, str(helpers), "fit", "--config", config, "--trainer.max_steps", str(N),
             "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false",
             "--model.reward", "hash_parity", *extra]
 
 
-def _popen(root: Path, *extra: str) -> subprocess.Popen:
+def _popen(root: Path, *extra: str, config: str = TINY) -> subprocess.Popen:
     log = open(root.parent / f"{root.name}.log", "ab")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(_fit_command(root, *extra), cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(_fit_command(root, *extra, config=config), cwd=REPO, env=_env(), stdout=log,
+                            stderr=subprocess.STDOUT)
 
 
 def _global_step(path: Path) -> int | None:
@@ -137,10 +138,17 @@ def _assert_same_tensors(a, b, where: str) -> None:
 
 
 @pytest.mark.slow
-def test_sigkill_then_resume_equals_a_straight_run(tmp_path):
+@pytest.mark.parametrize("runs", ["tiny", "tools"])
+def test_sigkill_then_resume_equals_a_straight_run(tmp_path, runs, request):
+    """``tools``: configs/tiny_tools.yaml on tiny-llama taught to write cells (tests/conftest.py):
+    the rollouts' cells run in the sandbox, and a resumed run replays them to the same bits."""
+    config, more = TINY, ()
+    if runs == "tools":
+        config, more = str(REPO / "configs" / "tiny_tools.yaml"), ("--model.model", str(request.getfixturevalue(
+            "taught_tool_policy")))
     straight_root, killed_root = tmp_path / "straight", tmp_path / "killed"
-    straight = _popen(straight_root)
-    killed = _popen(killed_root)
+    straight = _popen(straight_root, *more, config=config)
+    killed = _popen(killed_root, *more, config=config)
     ckpt = killed_root / "checkpoints" / "last.ckpt"
     try:
         deadline = time.monotonic() + 300
@@ -156,7 +164,7 @@ def test_sigkill_then_resume_equals_a_straight_run(tmp_path):
     killed_at = _global_step(ckpt)
     assert killed_at is not None and N // 2 <= killed_at < N, killed_at
 
-    resumed = subprocess.run(_fit_command(killed_root, "--ckpt_path", str(ckpt)), cwd=REPO, env=_env(),
+    resumed = subprocess.run(_fit_command(killed_root, *more, "--ckpt_path", str(ckpt), config=config), cwd=REPO, env=_env(),
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert straight.wait(timeout=300) == 0, (tmp_path / "straight.log").read_text()[-3000:]
@@ -177,6 +185,8 @@ def test_sigkill_then_resume_equals_a_straight_run(tmp_path):
     assert "train/reward" in logged_a and "train/loss" in logged_a
     assert sorted(logged_a["train/grad_norm"]) == list(range(N))
     assert all(g > 0 for g in logged_a["train/grad_norm"].values()), "a step did not update the weights"
+    if runs == "tools":
+        assert max(logged_a["rollout/tool_calls"].values()) > 0.5  # cells ran, and were replayed
     assert logged_a.keys() == logged_b.keys()
     for tag, expected in logged_a.items():
         got = logged_b[tag]
