@@ -24,10 +24,11 @@ Choices the papers leave open:
   ``std == 0`` so float rounding of the mean cannot leak a tiny non-zero advantage.
 - "batch" with fewer than 2 finite rewards in the whole batch: std is 0, so only the 1e-8
   remains; every group is degenerate then anyway, so all advantages are 0.
-- "batch" and "reinforce_plus_plus_baseline": the batch is this process's rollouts (each rank
-  computes its own advantages), so with several processes the std is each rank's.
-  "reinforce_plus_plus" is the exception: its mean and std are over every process's tokens
-  (the caller's ``total`` sums over processes), as its peers compute them on the whole batch.
+- "batch", "reinforce_plus_plus_baseline" and "reinforce_plus_plus": the batch is every
+  process's rows, as verl and OpenRLHF compute these statistics on the whole batch. The
+  caller's ``total`` sums the count and the sums over processes (identity in one process), so
+  two ranks holding half the rows each give the advantages one process gives the whole batch.
+  Every rank must then call with the same scale, a rank with no rows too (it adds zeros).
 - Computed in float32 at least (float64 inputs stay float64).
 
 Not covered: a critic (GAE); REINFORCE++'s token returns are whitened, never baselined by a
@@ -43,11 +44,18 @@ from typing import Callable, Optional, Sequence
 from ibpo_lit.algorithms.registry import ADVANTAGE_SCALES, TOKEN_ADVANTAGES, TokenAdvantageSettings
 
 STD_EPS = 1e-8
+Total = Callable[[Sequence[float]], list[float]]
+"""Sums a list of floats over every process of the run (``RankSync.sum``); identity in one."""
+
+
+def _one_process(values: Sequence[float]) -> list[float]:
+    return [float(v) for v in values]
 
 
 @ADVANTAGE_SCALES.register("group")
 def _group_scale(
-    rewards: Tensor, finite: Tensor, group_index: Tensor, group_mean: Tensor, group_count: Tensor
+    rewards: Tensor, finite: Tensor, group_index: Tensor, group_mean: Tensor, group_count: Tensor,
+    total: Total = _one_process,
 ) -> Tensor:
     """[B] population std of each row's group (+eps); rewards are 0 where not finite."""
     centered = torch.where(finite, rewards - group_mean[group_index], 0.0)
@@ -58,18 +66,23 @@ def _group_scale(
 
 @ADVANTAGE_SCALES.register("batch")
 def _batch_scale(
-    rewards: Tensor, finite: Tensor, group_index: Tensor, group_mean: Tensor, group_count: Tensor
+    rewards: Tensor, finite: Tensor, group_index: Tensor, group_mean: Tensor, group_count: Tensor,
+    total: Total = _one_process,
 ) -> Tensor:
-    """[B] population std of all finite rewards of the batch (+eps), the same for every row."""
-    n = finite.sum().clamp_min(1)
-    mean = rewards.sum() / n  # non-finite rewards are already 0
-    var = (torch.where(finite, rewards - mean, 0.0) ** 2).sum() / n
-    return (var.sqrt() + STD_EPS).expand_as(rewards)
+    """[B] population std of all finite rewards of the batch, every process's (+eps), the same
+    for every row. Two passes (count and sum, then squared deviations from the mean), as
+    ``whiten``: stabler than a sum of squares."""
+    n, s1 = total([float(finite.sum()), float(rewards.sum())])  # non-finite rewards are already 0
+    mean = s1 / max(n, 1.0)
+    (sq,) = total([float((torch.where(finite, rewards - mean, 0.0) ** 2).sum())])
+    std = (sq / max(n, 1.0)) ** 0.5
+    return torch.full_like(rewards, std + STD_EPS)
 
 
 @ADVANTAGE_SCALES.register("rloo")
 def _leave_one_out(
-    rewards: Tensor, finite: Tensor, group_index: Tensor, group_mean: Tensor, group_count: Tensor
+    rewards: Tensor, finite: Tensor, group_index: Tensor, group_mean: Tensor, group_count: Tensor,
+    total: Total = _one_process,
 ) -> Tensor:
     """[B] ``(n - 1) / n`` of each row's group: ``(r_i - mean) * n / (n - 1)`` is ``r_i`` minus
     the mean of the group's other rewards (a group with fewer than 2 is degenerate: 0 anyway)."""
@@ -79,32 +92,40 @@ def _leave_one_out(
 
 @ADVANTAGE_SCALES.register("reinforce_plus_plus_baseline")
 def _centred_batch_scale(
-    rewards: Tensor, finite: Tensor, group_index: Tensor, group_mean: Tensor, group_count: Tensor
+    rewards: Tensor, finite: Tensor, group_index: Tensor, group_mean: Tensor, group_count: Tensor,
+    total: Total = _one_process,
 ) -> Tensor:
-    """[B] population std of the group-centred rewards over the batch's finite rows (+eps); their
-    mean is 0 (each group's centred rewards sum to 0), so none is subtracted."""
+    """[B] population std of the group-centred rewards over the batch's finite rows, every
+    process's (+eps); their mean is 0 (each group's centred rewards sum to 0, and a group lives
+    on one rank), so none is subtracted."""
     centred = torch.where(finite, rewards - group_mean[group_index], 0.0)
-    var = (centred * centred).sum() / finite.sum().clamp_min(1)
-    return (var.sqrt() + STD_EPS).expand_as(rewards)
+    n, sq = total([float(finite.sum()), float((centred * centred).sum())])
+    std = (sq / max(n, 1.0)) ** 0.5
+    return torch.full_like(rewards, std + STD_EPS)
 
 
 @ADVANTAGE_SCALES.register("none")
 def _no_scale(
-    rewards: Tensor, finite: Tensor, group_index: Tensor, group_mean: Tensor, group_count: Tensor
+    rewards: Tensor, finite: Tensor, group_index: Tensor, group_mean: Tensor, group_count: Tensor,
+    total: Total = _one_process,
 ) -> Tensor:
     """[B] ones: Dr.GRPO keeps the centred reward."""
     return torch.ones_like(rewards)
 
 
-def grouped_advantages(rewards: Tensor, group_index: Tensor, scale: str = "group") -> Tensor:
+def grouped_advantages(rewards: Tensor, group_index: Tensor, scale: str = "group",
+                       total: Optional[Total] = None) -> Tensor:
     """Advantages of responses in ragged groups.
 
     Args:
-        rewards: [B] float; NaN (or inf) marks an unscorable response.
+        rewards: [B] float; NaN (or inf) marks an unscorable response. B may be 0 (a rank with
+            no rows still takes part in a batch scale's sums).
         group_index: [B] long, any non-negative ids; rows with the same id form one group,
-            groups may have different sizes.
+            groups may have different sizes. A group lives on one process.
         scale: a name in ``ADVANTAGE_SCALES`` ("group", "batch", "none", "rloo",
             "reinforce_plus_plus_baseline").
+        total: sums a list of floats over every process (``RankSync.sum``), for the scales
+            whose statistics are the whole batch's; None: this process alone.
 
     Returns:
         [B] advantages, 0 for unscorable rows and for rows of degenerate groups.
@@ -117,19 +138,17 @@ def grouped_advantages(rewards: Tensor, group_index: Tensor, scale: str = "group
         )
     dtype = torch.promote_types(rewards.dtype, torch.float32)
     rewards = rewards.to(dtype)
-    if rewards.numel() == 0:
-        return rewards.clone()
     # Compact arbitrary ids to 0..G-1 so the per-group buffers have G entries.
     _, gid = torch.unique(group_index, return_inverse=True)
-    num_groups = int(gid.max()) + 1
+    num_groups = int(gid.max()) + 1 if gid.numel() else 0
 
     finite = torch.isfinite(rewards)
     r = torch.where(finite, rewards, 0.0)
     count = torch.zeros(num_groups, dtype=dtype, device=r.device).index_add_(
         0, gid, finite.to(dtype)
     )
-    total = torch.zeros_like(count).index_add_(0, gid, r)
-    mean = total / count.clamp_min(1)
+    sums = torch.zeros_like(count).index_add_(0, gid, r)
+    mean = sums / count.clamp_min(1)
 
     # Degenerate groups: max == min over the finite rewards, or fewer than 2 of them.
     inf = torch.tensor(float("inf"), dtype=dtype, device=r.device)
@@ -141,17 +160,18 @@ def grouped_advantages(rewards: Tensor, group_index: Tensor, scale: str = "group
     )
     informative = (count >= 2) & (gmax > gmin)
 
-    denom = scale_fn(r, finite, gid, mean, count)
+    denom = scale_fn(r, finite, gid, mean, count, total or _one_process)
     adv = (r - mean[gid]) / denom
     return torch.where(finite & informative[gid], adv, 0.0)
 
 
-def group_advantages(rewards: Tensor, scale: str = "group") -> Tensor:
+def group_advantages(rewards: Tensor, scale: str = "group", total: Optional[Total] = None) -> Tensor:
     """Advantages of a dense batch of groups.
 
     Args:
         rewards: [P, G] float, row p holds the G rewards of prompt p; NaN = unscorable.
         scale: a name in ``ADVANTAGE_SCALES``.
+        total: as ``grouped_advantages``'s.
 
     Returns:
         [P, G] advantages (see ``grouped_advantages``, which this delegates to).
@@ -160,12 +180,10 @@ def group_advantages(rewards: Tensor, scale: str = "group") -> Tensor:
         raise ValueError(f"rewards must be [P, G]; got {tuple(rewards.shape)}")
     p, g = rewards.shape
     group_index = torch.arange(p, device=rewards.device).repeat_interleave(g)
-    return grouped_advantages(rewards.reshape(-1), group_index, scale).reshape(p, g)
+    return grouped_advantages(rewards.reshape(-1), group_index, scale, total).reshape(p, g)
 
 
 # --------------------------------------------------------------------------- token level
-def _one_process(values: Sequence[float]) -> list[float]:
-    return [float(v) for v in values]
 
 
 def token_returns(rewards: Tensor, kl: Optional[Tensor], mask: Tensor, kl_coef: float = 0.0,
@@ -215,7 +233,7 @@ def token_returns(rewards: Tensor, kl: Optional[Tensor], mask: Tensor, kl_coef: 
     return torch.where(rows, returns, 0.0)
 
 
-def whiten(values: Tensor, mask: Tensor, total: Optional[Callable[[Sequence[float]], list[float]]] = None,
+def whiten(values: Tensor, mask: Tensor, total: Optional[Total] = None,
            eps: float = 1e-8) -> Tensor:
     """``(x - mean) / sqrt(max(var, eps))`` over the masked entries of the whole batch, mean
     kept out (OpenRLHF's normalisation: population variance, clamped).
@@ -241,7 +259,7 @@ def reinforce_plus_plus_advantages(
     kl: Optional[Tensor],
     mask: Tensor,
     settings: TokenAdvantageSettings = TokenAdvantageSettings(),  # noqa: B008 - frozen
-    total: Optional[Callable[[Sequence[float]], list[float]]] = None,
+    total: Optional[Total] = None,
 ) -> Tensor:
     """REINFORCE++ (Hu 2025, arXiv 2501.03262): token returns of the KL-penalised reward,
     normalised over the whole batch's tokens; no critic, no group baseline.

@@ -18,9 +18,11 @@ Contracts of the entries:
   loss by the caller (``regularizers.py``). loss is a scalar to
   minimise; metrics a dict of detached scalar tensors. The pure formulas (``gspo_loss``,
   ``grpo_loss``) keep their own keyword signatures; the entries adapt them.
-- ``ADVANTAGE_SCALES[name](rewards, finite, group_index, group_mean, group_count) -> [B]``:
+- ``ADVANTAGE_SCALES[name](rewards, finite, group_index, group_mean, group_count, total) -> [B]``:
   the denominator of ``A = (r - mean_g) / denominator`` (see ``advantages.py``): the
-  group-relative estimators, one advantage per sequence, computed per group.
+  group-relative estimators, one advantage per sequence, computed per group. ``total`` sums a
+  list of floats over every process (as below); a scale with batch-wide statistics ("batch")
+  sums through it, a per-group one ignores it.
 - ``TOKEN_ADVANTAGES[name](rewards, kl, mask, settings, total) -> [B, T]``: the token-level
   estimators (REINFORCE++), one advantage per token from the outcome reward and a per-token
   KL put into the reward: ``rewards`` [B] (NaN = unscorable), ``kl`` [B, T] or None (no KL in

@@ -41,8 +41,9 @@ def assemble_update(step: ScoredRollouts, algo: AlgorithmConfig, pad_token_id: i
 
     ``max_new_tokens``: the rollouts' length limit, which the soft overlong penalty counts from.
     ``reference_logprobs``: the reference's log-probs [N, Lr] of a batch, needed when the KL
-    goes into the reward (``algo.kl_in_reward``). ``sync``: the run's collectives (a token-level
-    estimator's statistics are over every process's tokens; every rank calls this once a step)."""
+    goes into the reward (``algo.kl_in_reward``). ``sync``: the run's collectives (a batch-wide
+    statistic, "batch" scales' and REINFORCE++'s, is over every process's rows; every rank calls
+    this once a step)."""
     rollouts, rewards, corrections = step.rollouts, step.rewards, step.corrections
     metrics: dict[str, float] = {"train/reward": nanmean(rewards), "train/unscorable": float(rewards.isnan().sum())}
 
@@ -70,17 +71,22 @@ def assemble_update(step: ScoredRollouts, algo: AlgorithmConfig, pad_token_id: i
 
     token_level = algo.token_level_advantages
     advantages = None if token_level else grouped_advantages(shaped, rollouts.group_index.cpu(),
-                                                             scale=algo.advantage_scale)
+                                                             scale=algo.advantage_scale, total=sync.sum)
     batch, update_rewards = rollouts, shaped
-    if corrections is not None and corrections.train_batch is not None and len(corrections.train_batch):
-        extra = corrections.train_batch
+    extra = corrections.train_batch if corrections is not None else None
+    if extra is not None and not len(extra):
+        extra = None
+    if corrections is not None and not token_level:
+        # On every rank, one without correction samples too: a batch-wide scale sums over processes.
+        extra_rewards = corrections.train_rewards if extra is not None else torch.zeros(0)
+        # Correction groups are numbered after the prompts' so the two never mix.
+        extra_groups = (extra.group_index.cpu() + int(rollouts.group_index.max()) + 1 if extra is not None
+                        else torch.zeros(0, dtype=torch.long))
+        extra_adv = grouped_advantages(extra_rewards, extra_groups, scale=algo.advantage_scale, total=sync.sum)
+        advantages = torch.cat([advantages, extra_adv.to(advantages.dtype)])
+    if extra is not None:
         batch = RolloutBatch.concat([rollouts, extra], pad_token_id=pad_token_id)
         update_rewards = torch.cat([shaped, corrections.train_rewards.to(shaped.dtype)])
-        if not token_level:
-            # Correction groups are numbered after the prompts' so the two never mix.
-            extra_groups = extra.group_index + int(rollouts.group_index.max()) + 1
-            extra_adv = grouped_advantages(corrections.train_rewards, extra_groups.cpu(), scale=algo.advantage_scale)
-            advantages = torch.cat([advantages, extra_adv])
         if token_weights is not None:
             width = batch.response_ids.shape[1]
             token_weights = torch.cat([

@@ -10,6 +10,11 @@ assembled update (``assemble_update`` with the run's ``RankSync``, the KL from a
 reference). And a fit under FSDP2 (``configs/tiny_fsdp.yaml``) where rank 1's groups all tie:
 the reference's forward before the advantages is a collective too, and with no group baseline
 rank 1 trains every row.
+
+The group-relative scales with a batch-wide std ("batch", "reinforce_plus_plus_baseline") the
+same way: each rank holds whole groups, the std is over both ranks' rows, including a rank with no
+rows at all; and an assembled update where only rank 0 has correction samples to train (rank 1
+still takes part in the correction advantages' sums, or the run would hang).
 """
 import json
 import math
@@ -71,6 +76,59 @@ def _assembled(rows, sync=None):
     return step.update.advantages
 
 
+BATCH_SCALES = ("batch", "reinforce_plus_plus_baseline")
+GROUPS = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 4, 4, 4])  # ragged groups, whole on a rank
+
+
+def _group_rows(case, rank):
+    """Rank 0 holds groups 0-1 (none in "empty_rank"), rank 1 the rest; None: every row."""
+    first = 0 if case == "empty_rank" else 5
+    if rank is None:
+        return slice(None)
+    return slice(0, first) if rank == 0 else slice(first, None)
+
+
+def _grouped(scale, case, rank=None, total=None):
+    from ibpo_lit.algorithms import grouped_advantages
+
+    gen = torch.Generator().manual_seed(5)
+    rewards = torch.rand(len(GROUPS), generator=gen).round(decimals=1)
+    rewards[6] = math.nan  # an unscorable row: out of the std's count on every rank
+    rows = _group_rows(case, rank)
+    return grouped_advantages(rewards[rows], GROUPS[rows], scale, total)
+
+
+def _assembled_batch_scale(rank=None, sync=None):
+    """Scale "batch", 2 rollouts a prompt; rank 0 has 2 correction samples to train (their
+    groups numbered after its prompts'), rank 1 none. rank None: one process, every rollout
+    and rank 0's corrections."""
+    from ibpo_lit.config import AlgorithmConfig, IBPOConfig
+    from ibpo_lit.data.prompt import Prompt
+    from ibpo_lit.rollout.batch import RolloutBatch
+    from ibpo_lit.scale.collectives import SINGLE_PROCESS
+    from ibpo_lit.training.assemble import assemble_update
+    from ibpo_lit.training.step_types import Corrections, ScoredRollouts
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.5, 0.0])
+    rows = slice(None) if rank is None else slice(0, 4) if rank == 0 else slice(4, None)
+    n = len(rewards[rows])
+    batch = RolloutBatch.from_lists([[5, 6]] * n, [[7, 8]] * n, [[-1.0, -1.0]] * n, [True] * n, list(range(n)),
+                                    [i // 2 for i in range(n)], pad_token_id=0)
+    step = ScoredRollouts(prompts=[Prompt([5, 6], "p", "1")] * n, rollouts=batch, texts=[""] * n,
+                          rewards=rewards[rows], step=0)
+    train = rank != 1
+    extra = RolloutBatch.from_lists([[8, 9]] * 3, [[3, 4]] * 3, [[-0.5, -0.5]] * 3, [True] * 3, [11, 12, 13],
+                                    [0, 0, 0], pad_token_id=0)
+    step.corrections = Corrections(
+        rewards=torch.full((n,), math.nan), rewrite=torch.zeros(n, dtype=torch.bool),
+        kept_mask=torch.zeros(n, 2, dtype=torch.bool), distance=torch.full((n,), math.nan), alpha=0.6,
+        train_batch=extra if train else None, train_rewards=torch.tensor([1.0, 0.0, 0.0]) if train else None,
+        train_source=torch.tensor([1, 1, 1]) if train else None)
+    algo = AlgorithmConfig(advantage_scale="batch", ibpo=IBPOConfig(variant="none"))
+    assemble_update(step, algo, 0, None, None, sync or SINGLE_PROCESS)
+    return step.update.advantages
+
+
 def main(out_dir: str) -> None:
     from pathlib import Path
 
@@ -85,6 +143,10 @@ def main(out_dir: str) -> None:
     rows = _rows(rank)
     out = {case: _formula(case, rows, sync.sum).tolist() for case in ("uneven", "empty_rank")}
     out["assembled"] = _assembled(rows, sync).tolist()
+    for scale in BATCH_SCALES:
+        for case in ("uneven", "empty_rank"):
+            out[f"{scale}/{case}"] = _grouped(scale, case, rank, sync.sum).tolist()
+    out["batch/assembled"] = _assembled_batch_scale(rank, sync).tolist()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
     dist.barrier()
     dist.destroy_process_group()
@@ -120,6 +182,26 @@ def test_assembled_update_whitens_over_both_ranks(ranks):
         got = torch.tensor(ranks[r]["assembled"])
         torch.testing.assert_close(got, _by_rank(full, r)[:, : got.shape[1]], rtol=1e-5, atol=1e-6)
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["uneven", "empty_rank"])
+@pytest.mark.parametrize("scale", BATCH_SCALES)
+def test_batch_scales_divide_by_the_std_of_both_ranks_rows(ranks, scale, case):
+    full = _grouped(scale, case)
+    for r in (0, 1):
+        got = torch.tensor(ranks[r][f"{scale}/{case}"])
+        torch.testing.assert_close(got, full[_group_rows(case, r)], rtol=1e-5, atol=1e-6)
+    if case == "uneven":  # a rank scaling alone would differ: the std really is the union's
+        assert not torch.allclose(_grouped(scale, case, 1), full[_group_rows(case, 1)], atol=1e-3)
+    else:  # no rows on rank 0, and it took part in the sums all the same
+        assert ranks[0][f"{scale}/{case}"] == []
+
+
+@pytest.mark.slow
+def test_assembled_batch_scale_with_corrections_on_one_rank(ranks):
+    full = _assembled_batch_scale()  # rollouts 0-7, then rank 0's 3 correction samples
+    torch.testing.assert_close(torch.tensor(ranks[0]["batch/assembled"]), torch.cat([full[:4], full[8:]]))
+    torch.testing.assert_close(torch.tensor(ranks[1]["batch/assembled"]), full[4:8])
 
 
 @pytest.mark.slow
