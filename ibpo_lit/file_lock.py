@@ -1,5 +1,7 @@
 """One exclusive lock for every place that processes must take turns: the SmolLM2 cache
-(``models/smollm2.py``) and a comparison's ``summary.json`` (``experiments/summary_store.py``).
+(``models/smollm2.py``) and a comparison's ``summary.json`` (``experiments/summary_store.py``);
+and a claim that does not wait, for work another process may already be doing (a comparison's
+run, ``scripts/compare.py``).
 
 The lock is `filelock`'s (a kept library, already a dependency of huggingface_hub); this module
 adds only the word to the log while another process holds it, which a user waiting on a
@@ -31,5 +33,21 @@ def exclusive_lock(path: Union[str, os.PathLike]) -> Iterator[None]:
         lock.acquire()
     try:
         yield
+    finally:
+        lock.release()
+
+
+@contextlib.contextmanager
+def claim(path: Union[str, os.PathLike]) -> Iterator[bool]:
+    """The lock on ``path`` if no other process holds it: yields True, held until the block
+    ends (or the process dies); False at once when another process holds it."""
+    lock = FileLock(os.fspath(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        yield False
+        return
+    try:
+        yield True
     finally:
         lock.release()

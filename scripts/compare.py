@@ -24,8 +24,9 @@ first N held-out problems x ``--final-eval-k`` samples with ``python -m ibpo_lit
 (vLLM by default; the untrained model once, as the step-0 point), and compare.md gives each
 arm's difference to its baseline paired by seed and problem
 (``ibpo_lit/experiments/final_eval.py``). Runs whose summary exists are not run again, so an interrupted
-comparison resumes where it stopped; two comparisons may share one ``--out`` (disjoint arms,
-e.g. two sweeps at once): summaries are merged under a lock. An arm whose config equals an
+comparison resumes where it stopped; two comparisons may share one ``--out`` (two sweeps at
+once, or one arm's seeds split over two processes, one per core): summaries are merged under a
+lock, and a run that another process is training is skipped, not trained twice. An arm whose config equals an
 arm already run at that seed (``lambda_0.6`` and ``alpha_0.6`` are ``ibpo_plain`` on the
 shipped configs) is not trained again: its summary is that run's, marked ``same_run_as``. Run logs go to
 ``<out>/runs/`` (not meant for git).
@@ -38,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import yaml
 
@@ -48,7 +50,7 @@ from ibpo_lit.experiments.cells import interval_text
 from ibpo_lit.experiments.report import gradient_variance_ratio, markdown_table, paired_difference, plot
 from ibpo_lit.experiments.runs import read_scalars, summarize_run
 from ibpo_lit.experiments.summary_store import load_summaries, record_summary
-from ibpo_lit.file_lock import exclusive_lock
+from ibpo_lit.file_lock import claim, exclusive_lock
 from ibpo_lit.experiments.tables import GRAD_VAR_BASELINES
 
 
@@ -140,6 +142,33 @@ def evaluate_final_checkpoint(cfg: dict, root: str, seed: int, args: argparse.Na
     return final_eval.read_result(output)
 
 
+def train_and_evaluate(base: dict, arm: str, seed: int, settings: ArmSettings, args: argparse.Namespace,
+                       root: str, baseline: float, held_out: Optional[str], summary_path: str,
+                       argv) -> list[dict]:
+    """One run: its config, the fit, its summary (and ``--final-eval``), recorded in
+    ``summary.json``; returns the merged summaries."""
+    cfg_path = os.path.join(root, "config.yaml")
+    cfg = build_arm_config(base, arm, seed, settings, root)
+    if held_out or args.keep_checkpoints:
+        cfg["checkpoint"] = {"save_last": True, "save_top_k": 0}  # the final weights (for --final-eval)
+    with open(cfg_path, "w") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)
+    start = time.time()
+    print(f"[compare] {arm} seed {seed} ...", flush=True)
+    run([sys.executable, "-m", "ibpo_lit", "fit", "--config", cfg_path], os.path.join(root, "log.txt"))
+    summary = summarize_run(root, arm, seed, baseline_val=baseline)
+    summary["wall_seconds"] = time.time() - start
+    if held_out:
+        summary.update(evaluate_final_checkpoint(cfg, root, seed, args, held_out))
+        untrained = untrained_evaluation(base, settings, args, held_out)
+        summary["baseline_eval"] = untrained["final_eval"]
+    summary["command"] = " ".join(["python", "scripts/compare.py", *(argv or sys.argv[1:])])
+    summaries = record_summary(summary_path, summary)
+    print(f"[compare] {arm} seed {seed}: {summary['steps']} steps, final reward "
+          f"{summary['final_reward']}, final val {summary['final_val']}", flush=True)
+    return summaries
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -179,25 +208,14 @@ def main(argv=None) -> None:
                     continue
                 root = os.path.join(args.out, "runs", f"{arm}_s{seed}")
                 os.makedirs(root, exist_ok=True)
-                cfg_path = os.path.join(root, "config.yaml")
-                cfg = build_arm_config(base, arm, seed, settings, root)
-                if held_out or args.keep_checkpoints:
-                    cfg["checkpoint"] = {"save_last": True, "save_top_k": 0}  # the final weights (for --final-eval)
-                with open(cfg_path, "w") as f:
-                    yaml.safe_dump(cfg, f, sort_keys=False)
-                start = time.time()
-                print(f"[compare] {arm} seed {seed} ...", flush=True)
-                run([sys.executable, "-m", "ibpo_lit", "fit", "--config", cfg_path], os.path.join(root, "log.txt"))
-                summary = summarize_run(root, arm, seed, baseline_val=baseline)
-                summary["wall_seconds"] = time.time() - start
-                if held_out:
-                    summary.update(evaluate_final_checkpoint(cfg, root, seed, args, held_out))
-                    untrained = untrained_evaluation(base, settings, args, held_out)
-                    summary["baseline_eval"] = untrained["final_eval"]
-                summary["command"] = " ".join(["python", "scripts/compare.py", *(argv or sys.argv[1:])])
-                summaries = record_summary(summary_path, summary)
-                print(f"[compare] {arm} seed {seed}: {summary['steps']} steps, final reward "
-                      f"{summary['final_reward']}, final val {summary['final_val']}", flush=True)
+                with claim(os.path.join(root, ".claim")) as mine:
+                    if not mine or (arm, seed) in {(s["arm"], s["seed"]) for s in load_summaries(summary_path)}:
+                        # Two comparisons sharing --out (e.g. one per core) never train the same run.
+                        print(f"[compare] {arm} seed {seed}: " + ("another process is running it, skipped" if not mine
+                              else "finished by another process"), flush=True)
+                        continue
+                    summaries = train_and_evaluate(base, arm, seed, settings, args, root, baseline, held_out,
+                                                   summary_path, argv)
 
     table = markdown_table(summaries)
     lines = [table, ""]

@@ -74,3 +74,23 @@ def test_final_eval_scores_each_runs_last_checkpoint_on_the_held_out_stream(tmp_
     assert "- final validation, ibpo_plain - gspo_large_group (5 problems x 2 samples, hf; paired by seed" in table
     assert "n = 1 seeds): " in table  # one seed: the difference, no interval
     assert "- final validation per seed, ibpo_plain (95% t over the 5 problems): seed 0 " in table
+
+
+@pytest.mark.slow
+def test_a_run_another_process_is_training_is_skipped_not_trained_twice(tmp_path):
+    """Two comparisons sharing --out (one per core): the run one holds is left to it."""
+    from filelock import FileLock
+
+    out = tmp_path / "cmp"
+    (out / "runs" / "ibpo_plain_s0").mkdir(parents=True)
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "compare.py"), "--base", os.path.join(ROOT, "configs", "tiny.yaml"),
+           "--arms", "ibpo_plain", "--seeds", "0", "--budget-flops", "3e8", "--val-size", "2", "--small-group", "2",
+           "--out", str(out)]
+    with FileLock(str(out / "runs" / "ibpo_plain_s0" / ".claim")):  # "another process" training it
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "[compare] ibpo_plain seed 0: another process is running it, skipped" in done.stdout
+    assert "[compare] ibpo_plain seed 0 ..." not in done.stdout
+    assert not (out / "runs" / "ibpo_plain_s0" / "config.yaml").exists()
+    summary = out / "summary.json"
+    assert not summary.exists() or json.loads(summary.read_text()) == []
