@@ -3,7 +3,7 @@
 Two comparisons may write one output folder at once (say the lambda sweep and the alpha sweep
 on two machines with a shared disk, or two streams on one): each run's summary is merged into
 the file under a lock, never written from a process's own stale copy, which would drop the
-other's runs. The lock is ``flock`` on the folder itself, so no lock file lands in results.
+other's runs. The lock is ``summary.json.lock`` beside the file (``file_lock``), which git ignores.
 """
 from __future__ import annotations
 
