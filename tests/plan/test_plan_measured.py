@@ -9,8 +9,6 @@
   tensor's first dimension to a multiple of the processes);
 * the KV cache per token: the key/value tensors a real forward caches, exactly.
 """
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -77,13 +75,10 @@ def test_activation_bytes_match_what_autograd_saves(name, dtype, checkpointing):
 
 
 def test_sharded_state_per_process_matches_the_plan(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(HERE / "plan_state_check.py"), str(tmp_path)]
-    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": f"{REPO}:{__import__('os').environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    sys.path.insert(0, str(REPO / "tests" / "scale"))
+    from fit_runs import two_process_results
+
+    ranks = two_process_results(HERE / "plan_state_check.py", tmp_path)
     shape = ModelShape.from_config(tiny_config("qwen3"))
     planned = memory.trainer_state(shape, run_shape(processes=2, sharded=True, param_bytes=4), with_grads=True)
     for rank in ranks:

@@ -35,7 +35,9 @@ def main(out_dir: str) -> None:
     with open(Path(out_dir) / f"rank{rank}.json", "w") as f:
         json.dump({"problems": problems, "responses": responses, "scores": scores, "empty": empty,
                    "local_numel": local, "full_numel": full, "still_sharded": still_sharded}, f)
-    dist.destroy_process_group()
+    from rank_exit import end_processes  # tests/scale, on the workers' path
+
+    end_processes()
 
 
 if __name__ == "__main__":

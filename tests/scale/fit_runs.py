@@ -33,7 +33,8 @@ def two_process_results(script: Path, out_dir: Path) -> list[dict]:
 def fit_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    # faulthandler: a worker that dies of a signal prints its Python stack (or "no Python frame")
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     return env
 
 
