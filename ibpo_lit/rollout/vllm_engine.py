@@ -74,6 +74,12 @@ def tensor_parallel_problem(tensor_parallel_size: int, processes: int) -> Option
             "of the run (trainer.devices x trainer.num_nodes): each engine spans that many consecutive ranks")
 
 
+GPU_BATCHED_TOKENS = 4096
+"""``max_num_batched_tokens`` on a GPU unless set: vLLM profiles its activations with a batch of
+this many tokens, and its default (8k-16k for the offline ``LLM``) reserves several GiB more of
+the share the trainer plans around (TRL pins 4096 for the same reason)."""
+
+
 @dataclass
 class VLLMConfig:
     """The colocated vLLM engine (``rollout.backend: vllm``).
@@ -93,6 +99,11 @@ class VLLMConfig:
         enforce_eager: Disable CUDA graphs / compilation; unset = on for the CPU, off on GPU.
         enable_prefix_caching: Reuse the prompt's KV blocks across the G samples of a prompt.
         max_num_seqs: Most sequences vLLM decodes at once; unset = vLLM's default.
+        max_num_batched_tokens: Most tokens one engine step schedules (prefill chunks included).
+            vLLM profiles its activation memory with a dummy batch of this many tokens, so it
+            sizes the engine's working reserve (``ibpo_lit.plan``). Unset = 4096 on a GPU (TRL's
+            pin, with chunked prefill: long prompts are prefilled 4096 tokens at a time); on the
+            CPU vLLM's own default (whole prompts: chunked prefill is off there).
         cpu_kvcache_space_gib: KV cache size on the CPU in whole GiB
             (``VLLM_CPU_KVCACHE_SPACE``), unless the environment sets it.
         cpu_omp_threads_bind: ``VLLM_CPU_OMP_THREADS_BIND`` (``nobind``, ``auto`` or e.g.
@@ -117,6 +128,7 @@ class VLLMConfig:
     enforce_eager: Optional[bool] = None
     enable_prefix_caching: bool = True
     max_num_seqs: Optional[int] = None
+    max_num_batched_tokens: Optional[int] = None
     cpu_kvcache_space_gib: int = 2
     cpu_omp_threads_bind: str = "nobind"
     distributed_executor_backend: Optional[str] = None
@@ -138,6 +150,14 @@ class VLLMConfig:
             raise ValueError(f"rollout.vllm.cpu_kvcache_space_gib must be >= 1 (whole GiB), got {self.cpu_kvcache_space_gib}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"rollout.vllm.max_model_len must be >= 2, got {self.max_model_len}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(f"rollout.vllm.max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+
+    def batched_tokens(self, on_gpu: bool) -> Optional[int]:
+        """``max_num_batched_tokens`` as the engine passes it to vLLM (None: vLLM's default)."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return GPU_BATCHED_TOKENS if on_gpu else None
 
 
 def vllm_import_error() -> Optional[str]:
@@ -279,6 +299,8 @@ class VLLMRolloutEngine(RolloutEngine):
         for key in ("max_model_len", "max_num_seqs"):
             if getattr(cfg, key) is not None:
                 kwargs[key] = getattr(cfg, key)
+        if cfg.batched_tokens(self.on_gpu) is not None:
+            kwargs["max_num_batched_tokens"] = cfg.batched_tokens(self.on_gpu)
         llm = LLM(**kwargs)
         torch.set_num_threads(threads)  # vLLM sets its own; the trainer keeps what it had
         return llm
