@@ -13,6 +13,9 @@ What is covered:
       weights come from is decided in ``_vllm_engine`` (one rule, explained there).
     * Stop tokens are ``eos_token_ids(policy, tokenizer)`` and padding the tokenizer's pad id,
       whatever the backend.
+    * Every engine is built under the process's plain tensor defaults (`plain_tensor_defaults`),
+      whatever context the caller is in: Lightning runs ``configure_model``, where training
+      builds its engine, inside ``strategy.tensor_init_context()``.
 
 What is not covered: keeping a vLLM engine on the policy's weights after it is built (training's
 ``callbacks.VLLMWeightSync`` does that) and shutting it down (its ``close``).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Literal, Optional
 
@@ -90,7 +94,33 @@ def build_engine(policy, tokenizer, sampling: SamplingConfig, backend: str, *, v
     """
     settings = EngineSettings(vllm=vllm, dtype=dtype, model_path=model_path,
                               reshard_after_forward=reshard_after_forward, stop_strings=stop_strings)
-    return ENGINES.get(backend).build(policy, tokenizer, sampling, settings)
+    with plain_tensor_defaults():
+        return ENGINES.get(backend).build(policy, tokenizer, sampling, settings)
+
+
+@contextmanager
+def plain_tensor_defaults():
+    """Tensors made without a ``device=`` or ``dtype=`` go to the CPU in float32 inside, as in a
+    process nobody configured, whatever default device or dtype is set around it.
+
+    Why: Lightning calls ``configure_model`` under ``strategy.tensor_init_context()``, which is
+    ``with torch.device(root_device)`` for one device and DDP (and a default dtype for the
+    ``*-true`` precisions), so that the trained model is made on its GPU. An engine is not the
+    trained model: vLLM's GPU model runner makes pinned host buffers with
+    ``torch.zeros(..., pin_memory=True)`` and no ``device=``, which under a CUDA default device
+    become CUDA tensors and raise. Every engine places its own tensors explicitly, so the plain
+    defaults are the ones it was written for. (A new ``torch.device`` context replaces the one
+    around it rather than stacking on it: ``torch.utils._device.DeviceContext``.)
+    """
+    import torch
+
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        with torch.device("cpu"):
+            yield
+    finally:
+        torch.set_default_dtype(dtype)
 
 
 def _hf_engine(policy, tokenizer, sampling: SamplingConfig, settings: EngineSettings) -> RolloutEngine:

@@ -46,3 +46,67 @@ def test_the_run_context_is_the_tighter_of_the_model_and_the_engine():
     assert module.context_limit == positions
     module.engine = SimpleNamespace(context_limit=positions - 1)  # a vLLM engine's max_model_len
     assert module.context_limit == positions - 1
+
+
+def test_plain_tensor_defaults_undo_a_default_device_and_dtype():
+    import torch
+
+    from ibpo_lit.rollout.factory import plain_tensor_defaults
+
+    with torch.device("meta"):
+        torch.set_default_dtype(torch.float64)
+        try:
+            with plain_tensor_defaults():
+                made = torch.zeros(2)
+            after = torch.zeros(2)
+        finally:
+            torch.set_default_dtype(torch.float32)
+    assert (made.device.type, made.dtype) == ("cpu", torch.float32)
+    assert (after.device.type, after.dtype) == ("meta", torch.float64)  # the caller's context is back
+
+
+def test_the_engine_is_built_outside_the_strategys_tensor_init_context(tmp_path, monkeypatch, one_intra_op_thread):
+    """Lightning runs ``configure_model`` under ``strategy.tensor_init_context()``: on a GPU
+    ``with torch.device("cuda:0")``, under which vLLM's pinned host buffers become CUDA tensors
+    and raise. Here the strategy's context sets the default device to ``cpu:0`` (a CPU device
+    that tells itself apart from the plain ``cpu``: a CUDA one cannot run here), a real fit runs
+    Lightning's own ``configure_model`` path, and the engine records the default device it was
+    built under: the plain one, while the policy is built under the strategy's."""
+    from contextlib import contextmanager
+
+    import lightning as L
+    import torch
+    from lightning.pytorch.strategies import SingleDeviceStrategy
+
+    from ibpo_lit.config import AlgorithmConfig, IBPOConfig
+    from ibpo_lit.data.datamodule import PromptDataModule
+    from ibpo_lit.module import IBPOModule
+    from ibpo_lit.rollout import hf
+
+    class MarkedDeviceStrategy(SingleDeviceStrategy):
+        @contextmanager
+        def tensor_init_context(self, empty_init=None):
+            with super().tensor_init_context(empty_init), torch.device("cpu:0"):  # (Lightning's own: "cpu")
+                yield
+
+    seen = {}
+    real_init = hf.HFRolloutEngine.__init__
+
+    def recording_init(self, *args, **kwargs):
+        seen["engine"] = torch.get_default_device()
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(hf.HFRolloutEngine, "__init__", recording_init)
+
+    class Policy(IBPOModule):
+        def _load_policy(self):
+            seen["policy"] = torch.get_default_device()
+            return super()._load_policy()
+
+    trainer = L.Trainer(accelerator="cpu", strategy=MarkedDeviceStrategy(torch.device("cpu")), max_steps=1,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path)
+    module = Policy(model="tiny-llama", algorithm=AlgorithmConfig(ibpo=IBPOConfig(variant="none")))
+    trainer.fit(module, PromptDataModule(tokenizer="tiny-llama", prompts_per_step=1))
+    assert seen["policy"] == torch.device("cpu", 0)  # the strategy's context was in force ...
+    assert seen["engine"] == torch.device("cpu")  # ... and the engine was built outside it
