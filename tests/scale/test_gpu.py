@@ -1,5 +1,6 @@
 """Checks that need a CUDA device (skipped on the CPU): FSDP2 with bf16 mixed precision on one
-GPU, the chunked log-prob head on the GPU, and scripts/gpu_check.py itself."""
+GPU, the chunked log-prob head on the GPU, and scripts/gpu_check.py itself; and the first one's
+script run on the CPU, so a mistake of the script's own never waits for a GPU lease."""
 import json
 import subprocess
 import sys
@@ -8,16 +9,13 @@ import pytest
 import torch
 from fit_runs import REPO, fit_env
 
-pytestmark = pytest.mark.gpu
+gpu = pytest.mark.gpu  # each test that needs a CUDA device; the CPU twin below runs everywhere
 
 
-def test_fsdp2_bf16_mixed_keeps_fp32_master_weights_and_gradients(tmp_path):
-    """One GPU, FSDP2Strategy, precision bf16-mixed: the trained model's parameters and
-    gradients stay fp32 (FSDP2 casts the gathered copies), the step is finite."""
-    code = r"""
+FSDP2_BF16_MIXED = r"""
 import json, sys, torch, lightning as L
 from ibpo_lit.module import IBPOModule
-from ibpo_lit.config import AlgorithmConfig
+from ibpo_lit.config import AlgorithmConfig, IBPOConfig
 from ibpo_lit.data.datamodule import PromptDataModule
 from ibpo_lit.scale import FSDP2Strategy
 class Probe(L.Callback):
@@ -26,20 +24,41 @@ class Probe(L.Callback):
         self.out = {"param": str(p.dtype), "grad_norm": float(trainer.callback_metrics["train/grad_norm"]),
                     "compute": str(m.policy.lm_head.weight.dtype)}
 probe = Probe()
-t = L.Trainer(accelerator="gpu", devices=1, strategy=FSDP2Strategy(), precision="bf16-mixed", max_steps=2,
-              logger=False, enable_checkpointing=False, enable_progress_bar=False, callbacks=[probe])
-t.fit(IBPOModule(model="tiny-qwen3", algorithm=AlgorithmConfig(ibpo="none")), PromptDataModule(tokenizer="tiny-qwen3"))
+t = L.Trainer(accelerator=sys.argv[2], devices=1, strategy=FSDP2Strategy(), precision="bf16-mixed",
+              max_steps=int(sys.argv[3]), logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              callbacks=[probe])
+t.fit(IBPOModule(model="tiny-qwen3", algorithm=AlgorithmConfig(ibpo=IBPOConfig(variant="none"))),
+      PromptDataModule(tokenizer="tiny-qwen3"))
 json.dump(probe.out, open(sys.argv[1], "w"))
 """
+
+
+def fsdp2_bf16_mixed_step(tmp_path, accelerator: str, steps: int) -> dict:
     out = tmp_path / "out.json"
-    done = subprocess.run([sys.executable, "-c", code, str(out)], cwd=REPO, env=fit_env(), capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", FSDP2_BF16_MIXED, str(out), accelerator, str(steps)], cwd=REPO,
+                          env=fit_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+@gpu
+def test_fsdp2_bf16_mixed_keeps_fp32_master_weights_and_gradients(tmp_path):
+    """One GPU, FSDP2Strategy, precision bf16-mixed: the trained model's parameters and
+    gradients stay fp32 (FSDP2 casts the gathered copies), the step is finite."""
+    result = fsdp2_bf16_mixed_step(tmp_path, "gpu", steps=2)
     assert result["param"] == "torch.float32"
     assert result["grad_norm"] == result["grad_norm"]  # finite
 
 
+def test_the_gpu_tests_fit_script_runs_on_the_cpu(tmp_path):
+    """The same script, one step on the CPU: the GPU test failed on its first lease for a
+    reason of its own (a string where the code takes an ``IBPOConfig``), which a CPU run of the
+    same code shows without a GPU."""
+    result = fsdp2_bf16_mixed_step(tmp_path, "cpu", steps=1)
+    assert result["param"] == "torch.float32"
+
+
+@gpu
 def test_chunked_head_on_the_gpu_matches_full_logits():
     from ibpo_lit.models import build_tiny_model
     from ibpo_lit.rollout import HFRolloutEngine, SamplingConfig
@@ -55,6 +74,7 @@ def test_chunked_head_on_the_gpu_matches_full_logits():
     assert (full - chunked)[mask].abs().max() < 0.05  # bf16 compute, two code paths
 
 
+@gpu
 def test_gpu_check_runs_on_the_gpu(tmp_path):
     out = tmp_path / "gpu_check.json"
     done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--shapes", "tiny", "--steps", "1", "--out", str(out)],
