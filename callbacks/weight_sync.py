@@ -33,10 +33,15 @@ the trainer recomputes their log-probs; if the mean absolute difference exceeds
 ``StaleWeightsError`` instead of learning from the wrong policy's samples. A fp32 engine
 agrees with the trainer to float rounding; a bf16 engine to bf16's rounding, a few hundredths
 per token, so the default tolerance of 0.1 catches weights that did not load without tripping
-on precision. Raise it for low-precision engines of large models.
+on precision. Raise it for low-precision engines of large models. The trainer's side runs
+in the trainer's own precision context (autocast under ``bf16-mixed`` with one device or DDP;
+FSDP2 casts its gathered weights itself), so the probe compares the engine with the forward the
+update computes, not with an fp32 one.
 ``probe_every_n_syncs`` > 1 checks only every N-th sync (the first sync of every ``fit`` is
 always checked): the probe costs a short generation plus a trainer forward per sync, about
-5% of a SmolLM2 step on 2 CPU cores, which a long run may not want to pay every step.
+5% of a SmolLM2 step on 2 CPU cores, which a long run may not want to pay every step; on a
+GPU it also runs at the step's tightest moment for memory (the engine awake with its KV cache
+while the trainer gathers its layers), so the large configs probe every 10th sync.
 
 What it reads of the module: ``pl_module.weight_sync_context()`` (a `WeightSyncContext`: the
 engine, the policy, the tokenizer, the weights' version, mini-batches per update, the device,
@@ -169,7 +174,7 @@ class VLLMWeightSync(L.Callback):
         was_training = ctx.policy.training
         ctx.policy.eval()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), ctx.forward_context():
                 trainer_logp = response_logprobs(
                     ctx.policy, batch, temperature=1.0, single_pass=is_sharded(ctx.policy)
                 ).float()

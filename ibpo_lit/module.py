@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import copy
 import math
+from contextlib import nullcontext
+from dataclasses import replace
 from typing import Optional
 
 import lightning as L
@@ -65,7 +67,15 @@ from ibpo_lit.training.group_filter import InformativeGroups
 from ibpo_lit.training.metric_reductions import reduction_of
 from ibpo_lit.training.optimizer import build_optimizer
 from ibpo_lit.training.rng_state import capture_rng_state, restore_rng_state
-from ibpo_lit.training.seeding import BENCHMARK_VALIDATION, MAIN_ROLLOUTS, VALIDATION, rollout_seeds
+from ibpo_lit.training.seeding import (
+    BENCHMARK_VALIDATION,
+    MAIN_ROLLOUTS,
+    VALIDATION,
+    check_resumed_seeds,
+    rollout_seeds,
+    run_seed,
+    stream_seed,
+)
 from ibpo_lit.training.step_metrics import StepClock, step_metrics
 from ibpo_lit.training.step_types import ScoredRollouts, StepStats
 from ibpo_lit.training.unscorable import UnscorableStreak
@@ -150,7 +160,11 @@ class IBPOModule(L.LightningModule):
         self.model_name = model
         self.dtype_name = dtype
         self.algorithm = algorithm
-        self.rollout_cfg = rollout
+        # The seeds this module samples with, decided once, now (`training.seeding`): the run's
+        # (seed_everything's) and model.rollout.seed, unset = the run's. Checkpoints record them.
+        run = run_seed()
+        self.rollout_cfg = replace(rollout, seed=stream_seed(rollout.seed, run))
+        self.seeds = {"seed_everything": run, "model.rollout.seed": self.rollout_cfg.seed}
         self.optim_cfg = optim
         # Loads every reward now: a typo (listing valid names) or an import error fails here.
         self.reward_specs = resolve_specs(reward, rewards)
@@ -183,7 +197,7 @@ class IBPOModule(L.LightningModule):
         self.lora = lora
         # A LoRA checkpoint holds the adapters only; the base comes from `model` at load time.
         self.strict_loading = lora is None
-        self.updater = PolicyUpdate(algorithm, rollout, optim, max_nonfinite_steps, logprob_chunk_tokens)
+        self.updater = PolicyUpdate(algorithm, self.rollout_cfg, optim, max_nonfinite_steps, logprob_chunk_tokens)
         self.save_hyperparameters()
         self.automatic_optimization = False
 
@@ -482,6 +496,7 @@ class IBPOModule(L.LightningModule):
             engine=unwrap(self.engine), policy=self.policy, tokenizer=self.tokenizer,
             weights_version=self.weights_version,
             num_mini_batches=self.rollout_cfg.num_mini_batches, device=self.device, sync=self.sync,
+            forward_context=self._trainer.precision_plugin.forward_context if self._trainer is not None else nullcontext,
         )
 
     def _ciw_weights(self, step: ScoredRollouts) -> dict[str, float]:
@@ -549,6 +564,7 @@ class IBPOModule(L.LightningModule):
             "logger_version": self.logger.version if self.logger is not None else None,
             # Every rank's generators (a collective: Lightning calls this hook on every rank).
             "rng_per_rank": self.sync.gather(capture_rng_state()),
+            "seeds": dict(self.seeds),  # `fit --ckpt_path` resumes with this seed_everything (cli.py)
         }
         if self.group_filter is not None:  # rounds in progress (between two updates), each rank's
             checkpoint["ibpo_lit"]["dynamic_sampling_per_rank"] = self.sync.gather(self.group_filter.state_dict())
@@ -558,6 +574,8 @@ class IBPOModule(L.LightningModule):
             raise ValueError("model.lora is set but the checkpoint holds no LoRA adapter weights: it was trained "
                              "without model.lora (resume it without model.lora)")
         state = checkpoint.get("ibpo_lit", {})
+        if self._trainer is None or self.trainer.state.fn == "fit":  # a resumed fit samples on with them
+            check_resumed_seeds(state.get("seeds"), self.seeds, "policy")
         self.rollout_step = state.get("rollout_step", 0)
         self.updater.load_state_dict(state.get("update", _flat_update_state(state)))
         self._reward_counts.update(state.get("reward_counts", {}))

@@ -53,6 +53,7 @@ import logging
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Literal, Optional, Sequence
 
@@ -376,7 +377,8 @@ class VLLMRolloutEngine(RolloutEngine):
             )
             for seed in seeds
         ]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False)
+        with outside_autocast():  # a training or validation step runs under the trainer's autocast
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False)
         responses, logps, finished = [], [], []
         for out in outputs:
             completion = out.outputs[0]
@@ -452,6 +454,25 @@ class VLLMRolloutEngine(RolloutEngine):
         folder, self.model_folder = getattr(self, "model_folder", None), None
         if folder is not None:
             folder.cleanup()
+
+
+@contextmanager
+def outside_autocast():
+    """Autocast off on every device type for the engine's own forward.
+
+    Why: Lightning runs ``training_step`` and ``validation_step`` inside the precision plugin's
+    ``forward_context`` (autocast under ``bf16-mixed`` with one device or DDP), and rollouts are
+    sampled there. vLLM computes in the dtype it was started with (``rollout.vllm.dtype``), and
+    its kernels are not written for autocast: a GPU engine's ``F.linear`` would otherwise run in
+    bf16 whatever that dtype says, and the engine the run describes would not be the one
+    sampling.
+    """
+    with torch.autocast("cpu", enabled=False):
+        if torch.cuda.is_available():
+            with torch.autocast("cuda", enabled=False):
+                yield
+        else:
+            yield
 
 
 def _clear_killed_runs_shm() -> None:

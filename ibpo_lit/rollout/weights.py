@@ -34,8 +34,9 @@ weight-sync callback asks, so the callback never reaches into the module.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 from torch import Tensor
@@ -77,6 +78,9 @@ class WeightSyncContext:
     num_mini_batches: int  # optimizer steps each update takes
     device: torch.device  # where the trainer's probe forward runs
     sync: RankSync  # the run's collectives: every rank takes the worst rank's probe verdict
+    # The trainer's precision context of a forward (autocast under bf16-mixed; nothing under
+    # FSDP2's own mixed precision): the probe's forward is the one the update computes.
+    forward_context: Callable[[], ContextManager] = nullcontext
 
 
 def expected_tensor_names(model: torch.nn.Module) -> set[str]:

@@ -239,3 +239,37 @@ def test_the_module_hands_over_what_a_sync_needs():
     assert (ctx.weights_version, ctx.num_mini_batches, ctx.device, ctx.sync.world_size) == (3, 2, torch.device("cpu"), 1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         ctx.weights_version = 4  # a view: the callback cannot move the module's counters
+
+
+def test_the_probe_forward_runs_in_the_trainers_precision_context(tiny_vllm):
+    """Under bf16-mixed with one device or DDP the update's forward is autocast's: the probe's
+    trainer side is computed in that context (the module hands over its precision plugin's
+    ``forward_context``), so it compares the engine with what the update computes."""
+    from contextlib import contextmanager
+
+    engine, model, tokenizer = tiny_vllm
+    entered = []
+
+    @contextmanager
+    def forward_context():
+        entered.append(True)
+        yield
+
+    ctx = dataclasses.replace(context(engine, model, tokenizer), forward_context=forward_context)
+    sync = VLLMWeightSync(probe_tokens=4)
+    assert sync.check_probe(ctx) < sync.probe_tolerance
+    assert entered == [True]
+
+
+def test_the_module_hands_over_the_trainers_precision_context(tmp_path):
+    import lightning as L
+
+    from ibpo_lit.module import IBPOModule
+
+    module = IBPOModule()
+    trainer = L.Trainer(accelerator="cpu", precision="bf16-mixed", logger=False, default_root_dir=tmp_path)
+    module.trainer = trainer
+    module.configure_model()
+    with module.weight_sync_context().forward_context():
+        assert torch.is_autocast_enabled("cpu")
+    assert not torch.is_autocast_enabled("cpu")

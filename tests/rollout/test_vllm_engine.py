@@ -155,3 +155,23 @@ def test_repetition_penalty_greedy_tokens_equal_the_hf_engines(synced):
     assert ours.response_lists() == hf.response_lists()
     plain = engine.generate(prompts, n=1, seeds=range(3), sampling=SamplingConfig(top_k=1, max_new_tokens=16))
     assert plain.response_lists() != ours.response_lists()
+
+
+def test_the_engine_samples_outside_the_trainers_autocast(synced, monkeypatch):
+    """A training step runs under Lightning's autocast (bf16-mixed, one device or DDP); vLLM
+    must compute in its own dtype there. (vLLM's CPU kernels ignore autocast, so the tokens
+    cannot show it here; on a GPU, ``F.linear`` would run in bf16 whatever the engine's dtype.)"""
+    engine, _, tokenizer = synced
+    seen = []
+    real = engine.llm.generate
+
+    def recording(*args, **kwargs):
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.llm, "generate", recording)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = engine.generate(prompts_of(tokenizer)[:1], n=2, seeds=[1, 2])
+    outside = engine.generate(prompts_of(tokenizer)[:1], n=2, seeds=[1, 2])
+    assert seen == [False, False]
+    assert torch.equal(inside.response_ids, outside.response_ids)
