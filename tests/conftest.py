@@ -15,6 +15,31 @@ def one_intra_op_thread():
 
 
 @pytest.fixture(scope="session")
+def shared_data():
+    """``shared_data(name)``: the path of file ``name`` in the workspace's data folder
+    (``<repo>/../shared/data``, beside the clone), skipping the test when that file is absent;
+    ``shared_data()``: the folder itself, skipping when it is absent. A user's clone has no such
+    folder, so every test that reads it must skip there rather than fail: this fixture is the only
+    way tests reach it (tests/test_layout.py fails on any other). The repository is found from
+    this file (the folder holding pyproject.toml), never from a fixed path, so a clone anywhere
+    behaves the same."""
+    from pathlib import Path
+
+    repo = next((p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file()), None)
+    folder = repo.parent / "shared" / "data" if repo else None
+
+    def find(name: str | None = None) -> Path:
+        target = folder / name if folder and name else folder
+        if target is None or not (target.is_file() if name else target.is_dir()):
+            shown = f"../shared/data/{name}" if name else "../shared/data"
+            pytest.skip(f"needs the workspace's {shown} beside the clone (a user's clone has none): "
+                        f"{target or 'no pyproject.toml above tests/'} is absent")
+        return target
+
+    return find
+
+
+@pytest.fixture(scope="session")
 def tiny_vllm(tmp_path_factory):
     """``(engine, model, tokenizer)``: one colocated vLLM engine (fp32) over the tiny model,
     shared by every vLLM test of the session (vLLM's start and its in-process state are

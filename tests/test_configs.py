@@ -12,7 +12,6 @@ CONFIGS = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "config
 # Configs for GPU clusters cannot build their Trainer here: tests/test_scale_configs.py covers them.
 GPU_CONFIGS = ("qwen3_32b.yaml", "qwen3_next_80b.yaml", "qwen2p5_1p5b_gsm8k_1gpu.yaml", "qwen3_8b_8gpu.yaml")
 CPU_CONFIGS = [c for c in CONFIGS if os.path.basename(c) not in GPU_CONFIGS]
-MBPP = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mbpp_full.jsonl")
 TINY = os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.yaml")
 
 
@@ -26,12 +25,10 @@ def test_there_are_configs():
 
 
 @pytest.mark.parametrize("path", CPU_CONFIGS, ids=os.path.basename)
-def test_config_parses_and_instantiates_without_loading_a_model(path, tmp_path):
+def test_config_parses_and_instantiates_without_loading_a_model(path, tmp_path, shared_data):
     extra = []
-    if "mbpp" in os.path.basename(path):  # its data is the user's file: use the shared copy
-        if not os.path.isfile(MBPP):
-            pytest.skip(f"no MBPP file at {MBPP}")
-        extra = ["--data.train_path", MBPP]
+    if "mbpp" in os.path.basename(path):  # its data is the user's file: use the workspace's copy
+        extra = ["--data.train_path", str(shared_data("mbpp_full.jsonl"))]
     cli = main(["--config", path, "--trainer.default_root_dir", str(tmp_path), *extra], run=False)
     assert cli.model.policy is None  # weights load in configure_model, at fit time
     assert cli.datamodule.tokenizer_name == cli.model.model_name  # linked

@@ -5,6 +5,7 @@ the data room is what actually bends the house."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,148 @@ def test_the_shape_tests_can_fail(tmp_path):
     assert "ibpo_lit.module" in _imports(path)
     assert (3, "code") in _compared_strings(path)
     assert _room("ibpo_lit.plan.cli") == "commands" and _room("ibpo_lit.data.datamodule") == "data"
+
+
+# ------------------------------------------------------------------ the one way to ../shared
+# A user's clone has no ../shared beside it, so a test that reads that folder must skip there.
+# Tests reach it only through the `shared_data` fixture of tests/conftest.py, which skips when the
+# folder or the file is absent; any other way (a relative join, `parents[..] / "shared"`, an
+# absolute /work/shared) has come back after being removed, so every file under tests/ is
+# scanned for one. Python files are read as code (string constants, where they are used), other
+# files line by line; comments reach nothing and are not read.
+TESTS = REPO / "tests"
+# Only the fixture's definition names the folder; this file's pattern and example lines show the
+# guard at work. Each entry: a file and the top-level names (a function, an assignment) it may
+# name the folder in.
+ONE_WAY = {TESTS / "conftest.py": {"shared_data"},
+           TESTS / "test_layout.py": {"SHARED_IN_A_PATH", "WAYS_TO_SHARED", "NOT_WAYS_TO_SHARED"}}
+# The word beside a slash (either kind) in a string: "../shared/data", "/work/shared",
+# f"{root}/shared". Word boundaries keep "/shared_prompt", "unshared/", "/sharedness" out.
+SHARED_IN_A_PATH = re.compile(r"[/\\]shared\b|\bshared[/\\]", re.IGNORECASE)
+
+
+def _harmless_bare_word(node: ast.Constant, parents: dict) -> bool:
+    """Whether a constant spelled exactly ``shared`` is a name rather than a path part: a dict's
+    key, a comparison's operand, a subscript, or an element of a list, tuple or set that holds no
+    ``".."`` (a parametrize id). Everywhere else (a call's argument, ``/`` or ``+``, an assignment)
+    it may be joined onto a path, so it is refused; a test that needs the word there can spell it
+    otherwise."""
+    parent = parents.get(node)
+    if isinstance(parent, ast.Dict):
+        return node in parent.keys
+    if isinstance(parent, (ast.List, ast.Tuple, ast.Set)):
+        return not any(isinstance(e, ast.Constant) and e.value == ".." for e in parent.elts)
+    return isinstance(parent, (ast.Compare, ast.Subscript))
+
+
+def _ways_to_shared(source: str, allowed: set[str] = frozenset(), python: bool = True) -> list[tuple[int, str]]:
+    """``(line, text)`` of every way ``source`` names the shared folder, outside the top-level
+    definitions named in ``allowed``."""
+    if not python:
+        return [(n, line.strip()) for n, line in enumerate(source.splitlines(), 1) if SHARED_IN_A_PATH.search(line)]
+    tree = ast.parse(source)
+    spans = [range(n.lineno, n.end_lineno + 1) for n in tree.body
+             if {getattr(n, "name", None), *(getattr(t, "id", None) for t in getattr(n, "targets", []))} & allowed]
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            continue
+        if any(node.lineno in span for span in spans):
+            continue
+        if SHARED_IN_A_PATH.search(node.value) or (
+                node.value.strip().lower() == "shared" and not _harmless_bare_word(node, parents)):
+            found.append((node.lineno, repr(node.value)))
+    return sorted(found)
+
+
+def test_tests_reach_the_shared_folder_only_through_the_fixture():
+    wrong = []
+    for path in sorted(TESTS.rglob("*")):
+        if not path.is_file() or "__pycache__" in path.parts:
+            continue
+        try:
+            source = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue  # not text
+        for line, text in _ways_to_shared(source, ONE_WAY.get(path, set()), python=path.suffix == ".py"):
+            wrong.append(f"{path.relative_to(REPO)}:{line}: {text}")
+    assert not wrong, ("reach the workspace's data folder only through the `shared_data` fixture (tests/conftest.py), "
+                       "which skips where it is absent, as in a user's clone:\n" + "\n".join(wrong))
+
+
+def test_the_one_way_exists_and_is_the_only_exception():
+    """The exemptions name real definitions (a renamed fixture would otherwise leave the guard
+    exempting nothing and the tests calling a fixture that is gone), and the fixture's own body
+    is what the guard would refuse anywhere else."""
+    for path, names in ONE_WAY.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defined = {getattr(n, "name", None) for n in tree.body} | {
+            getattr(t, "id", None) for n in tree.body for t in getattr(n, "targets", [])}
+        assert names <= defined, f"{path.relative_to(REPO)} no longer defines {sorted(names - defined)}"
+    conftest = (TESTS / "conftest.py").read_text(encoding="utf-8")
+    assert _ways_to_shared(conftest), "the fixture would not be caught outside its exemption"
+    assert not _ways_to_shared(conftest, {"shared_data"})
+
+
+def test_the_fixture_skips_where_a_file_is_absent(shared_data):
+    """Absent here or in a user's clone alike: a skip naming the file, never an error."""
+    with pytest.raises(pytest.skip.Exception, match=r"needs the workspace's .*no_such_file\.jsonl beside the clone"):
+        shared_data("no_such_file.jsonl")
+
+
+# The ways the folder has been (or could be) reached: Python sources, and a line of another file
+# (marked "text:"). Each must be caught.
+WAYS_TO_SHARED = [
+    'SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")',
+    'MBPP = Path(__file__).parents[3] / "shared" / "data" / "mbpp_full.jsonl"',
+    'SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"',
+    'DATA = Path("/work/shared/data")',
+    'GSM8K = os.path.join(ROOT, "../shared/data", "gsm8k_test.jsonl")',
+    'folder = f"{root}/../shared/data"',
+    'folder = "..\\\\shared\\\\data"',
+    'data = ROOT.parent.joinpath("shared", "data")',
+    'data = os.path.join(*["..", "shared"])',
+    'data = root + os.sep + "shared"',
+    'NAME = "shared"',
+    'os.path.join(\n    ROOT,\n    "..",\n    "Shared",\n)',
+    'pytest.skip("needs ../shared/data/gsm8k_train.jsonl")',
+    "text:path: ../shared/data/x.jsonl",
+]
+# Words that only look like it: none may be caught.
+NOT_WAYS_TO_SHARED = [
+    '"""A shared prompt for the group, shared by every row; the shared data folder."""',
+    '@pytest.mark.parametrize("path", ["per_row", "shared", "chunked"])\ndef test(path):\n    pass',
+    'options = {"per_row": {"single_pass": True}, "shared": {}}[path]',
+    'if mode == "shared" or modes["shared"]:\n    pass',
+    'shared_prompt = build(shared=True, name="shared_prompt")',
+    'text = "unshared/ and /sharedness and /shared_prompt"',
+    'x = 1  # run by hand with --data ../shared/data',
+    'text:{"text": "a shared prompt, shared_prompt"}',
+]
+
+
+def _example(source: str) -> tuple[str, list[tuple[int, str]]]:
+    """The example as a file (another file's line second, after a harmless one) and what the guard finds."""
+    text = source.startswith("text:")
+    source = "first line\n" + source[5:] if text else source
+    return source, _ways_to_shared(source, python=not text)
+
+
+@pytest.mark.parametrize("source", WAYS_TO_SHARED)
+def test_each_way_to_the_shared_folder_is_caught(source):
+    source, found = _example(source)
+    assert found, source
+    lines = source.splitlines()
+    assert all("shared" in lines[line - 1].lower() for line, _ in found)  # the line named is the one
+
+
+@pytest.mark.parametrize("source", NOT_WAYS_TO_SHARED)
+def test_the_word_shared_alone_is_not_caught(source):
+    assert not _example(source)[1], source
+
+
+def test_the_product_names_no_path_of_this_workspace():
+    """The data loaders take a path: the workspace's folders (/work/...) are for the tests'
+    fixture and for scripts run by hand, never for the package."""
+    assert not [str(p.relative_to(REPO)) for p in PRODUCT if "/work/" in p.read_text(encoding="utf-8")]

@@ -2,26 +2,22 @@
 training on arithmetic, each logged as val/<name>/avg@k and pass@k and scored by its own verifier,
 beside the held-out val/accuracy."""
 import json
-import os
 
 import pytest
 
 from test_end_to_end import fit, scalars
 
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
-AIME, HUMANEVAL = os.path.join(SHARED, "aime2025.jsonl"), os.path.join(SHARED, "humaneval.jsonl")
-
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (os.path.isfile(AIME) and os.path.isfile(HUMANEVAL)), reason="no shared data")
-def test_benchmarks_are_validated_and_logged_by_name(tmp_path, monkeypatch):
+def test_benchmarks_are_validated_and_logged_by_name(tmp_path, monkeypatch, shared_data):
+    aime, humaneval = str(shared_data("aime2025.jsonl")), str(shared_data("humaneval.jsonl"))
     import ibpo_lit.module
 
     asked = []
     real = ibpo_lit.module.scoring_pool
     monkeypatch.setattr(ibpo_lit.module, "scoring_pool", lambda name, *a, **k: asked.append(name) or real(name, *a, **k))
-    benchmarks = json.dumps([{"name": "aime25", "path": AIME, "limit": 3},
-                             {"name": "humaneval", "path": HUMANEVAL, "limit": 2, "log_name": "he"}])
+    benchmarks = json.dumps([{"name": "aime25", "path": aime, "limit": 3},
+                             {"name": "humaneval", "path": humaneval, "limit": 2, "log_name": "he"}])
     cli = fit(tmp_path, "--data.val_size", "2", "--data.val_benchmarks", benchmarks, "--data.max_prompt_tokens", "512",
               "--trainer.val_check_interval", "2", "--trainer.check_val_every_n_epoch", "null",
               "--trainer.num_sanity_val_steps", "0", "--model.val_samples", "2", steps=2)

@@ -9,7 +9,6 @@ from ibpo_lit.data.benchmarks import BENCHMARKS, DATASETS_MISSING, load_benchmar
 from ibpo_lit.data.records import BadRecordError
 from ibpo_lit.rewards import math_scores
 
-DATA = Path("/work/shared/data")
 FILES = {
     "gsm8k": "gsm8k_test.jsonl",
     "gsm8k_train": "gsm8k_train.jsonl",
@@ -17,13 +16,6 @@ FILES = {
     "aime25": "aime2025.jsonl",
     "hmmt25": "hmmt_feb2025.jsonl",
 }
-
-
-def _path(name: str) -> Path:
-    path = DATA / FILES[name]
-    if not path.is_file():
-        pytest.skip(f"{path} not present")
-    return path
 
 
 def _line(path: Path, line: int) -> dict:
@@ -37,14 +29,14 @@ def _line(path: Path, line: int) -> dict:
 @pytest.mark.parametrize(
     "name, count", [("gsm8k", 1319), ("gsm8k_train", 7473), ("math500", 500), ("aime25", 30), ("hmmt25", 30)]
 )
-def test_counts(name, count):
-    records = load_benchmark(name, _path(name))
+def test_counts(name, count, shared_data):
+    records = load_benchmark(name, shared_data(FILES[name]))
     assert len(records) == count == BENCHMARKS[name].size
     assert len({r.uid for r in records}) == count  # uids are unique
 
 
-def test_gsm8k_golds_and_uids():
-    path = _path("gsm8k")
+def test_gsm8k_golds_and_uids(shared_data):
+    path = shared_data(FILES["gsm8k"])
     records = load_benchmark("gsm8k", path)
     for line in (1, 1319):
         raw = _line(path, line)
@@ -59,8 +51,8 @@ def test_gsm8k_golds_and_uids():
 
 
 @pytest.mark.parametrize("name", ["math500", "aime25", "hmmt25"])
-def test_plain_golds_and_uids(name):
-    path = _path(name)
+def test_plain_golds_and_uids(name, shared_data):
+    path = shared_data(FILES[name])
     records = load_benchmark(name, path)
     id_key = BENCHMARKS[name].id_key
     for line in (1, 2, len(records)):
@@ -69,30 +61,30 @@ def test_plain_golds_and_uids(name):
         assert records[line - 1].uid == raw[id_key]
 
 
-def test_known_golds():
-    aime = load_benchmark("aime25", _path("aime25"))
+def test_known_golds(shared_data):
+    aime = load_benchmark("aime25", shared_data(FILES["aime25"]))
     assert (aime[0].uid, aime[0].gold) == ("aime2025_I_1", "70")
-    hmmt = load_benchmark("hmmt25", _path("hmmt25"))
+    hmmt = load_benchmark("hmmt25", shared_data(FILES["hmmt25"]))
     assert (hmmt[-1].uid, hmmt[-1].gold) == ("hmmt_feb2025_30", "\\sqrt{\\frac{95}{24}}")
-    math500 = load_benchmark("math500", _path("math500"))
+    math500 = load_benchmark("math500", shared_data(FILES["math500"]))
     assert math500[0].uid == "test/precalculus/807.json"
     assert math500[0].gold == "\\left( 3, \\frac{\\pi}{2} \\right)"
 
 
-def test_golds_score_through_the_verifier():
-    aime = load_benchmark("aime25", _path("aime25"))
+def test_golds_score_through_the_verifier(shared_data):
+    aime = load_benchmark("aime25", shared_data(FILES["aime25"]))
     assert math_scores([f"#### {r.gold}" for r in aime], [r.gold for r in aime]) == [1.0] * 30
-    hmmt = load_benchmark("hmmt25", _path("hmmt25"))
+    hmmt = load_benchmark("hmmt25", shared_data(FILES["hmmt25"]))
     assert math_scores([f"\\boxed{{{r.gold}}}" for r in hmmt], [r.gold for r in hmmt]) == [1.0] * 30
     # and a wrong answer is wrong, not unscorable
     assert math_scores(["#### 71"], [aime[0].gold]) == [0.0]
 
 
-def test_limit():
-    records = load_benchmark("aime25", _path("aime25"), limit=3)
+def test_limit(shared_data):
+    records = load_benchmark("aime25", shared_data(FILES["aime25"]), limit=3)
     assert [r.uid for r in records] == ["aime2025_I_1", "aime2025_I_2", "aime2025_I_3"]
     with pytest.raises(ValueError, match="limit"):
-        load_benchmark("aime25", _path("aime25"), limit=0)
+        load_benchmark("aime25", shared_data(FILES["aime25"]), limit=0)
 
 
 def test_local_file_without_ids_and_bad_records(tmp_path):
@@ -119,21 +111,8 @@ def test_hub_without_datasets(monkeypatch):
     assert str(info.value) == DATASETS_MISSING == "pip install datasets, or pass --path to a local JSONL file"
 
 
-def test_product_does_not_reference_the_shared_folder():
-    import ibpo_lit.data.benchmarks as b
-
-    assert "/work/shared" not in Path(b.__file__).read_text()
-
-
 # ------------------------------------------------------------------ code benchmarks
 CODE_FILES = {"humaneval": "humaneval.jsonl", "mbpp": "mbpp_full.jsonl", "mbpp_sanitized": "mbpp_sanitized.jsonl"}
-
-
-def _code_path(name: str) -> Path:
-    path = DATA / CODE_FILES[name]
-    if not path.is_file():
-        pytest.skip(f"{path} not present")
-    return path
 
 
 @pytest.mark.parametrize("name, count, first, last", [
@@ -141,19 +120,19 @@ def _code_path(name: str) -> Path:
     ("mbpp", 500, "mbpp/11", "mbpp/510"),  # the test split by default
     ("mbpp_sanitized", 257, "mbpp_sanitized/11", "mbpp_sanitized/479"),  # sanitized dropped 480-510
 ])
-def test_code_counts_and_uids(name, count, first, last):
+def test_code_counts_and_uids(name, count, first, last, shared_data):
     from ibpo_lit.data.benchmarks import CODE_BENCHMARKS
     from ibpo_lit.rewards.code import CodeTests
 
-    records = load_benchmark(name, _code_path(name))
+    records = load_benchmark(name, shared_data(CODE_FILES[name]))
     assert len(records) == count == CODE_BENCHMARKS[name].size
     assert (records[0].uid, records[-1].uid) == (first, last)
     assert len({r.uid for r in records}) == count
     assert CodeTests.from_gold(records[0].gold).tests  # the gold is the sandbox's test spec
 
 
-def test_mbpp_other_splits_from_the_shared_file():
-    path = _code_path("mbpp")
+def test_mbpp_other_splits_from_the_shared_file(shared_data):
+    path = shared_data(CODE_FILES["mbpp"])
     assert len(load_benchmark("mbpp", path, mbpp_split="all")) == 974
     assert len(load_benchmark("mbpp", path, mbpp_split="validation")) == 90
     assert [r.uid for r in load_benchmark("mbpp", path, mbpp_split="train", limit=2)] == ["mbpp/601", "mbpp/602"]

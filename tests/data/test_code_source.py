@@ -9,14 +9,14 @@ from ibpo_lit.data.datamodule import PromptDataModule
 from ibpo_lit.models import build_tiny_tokenizer
 from ibpo_lit.rewards import get_reward
 
-MBPP = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "mbpp_full.jsonl")
-needs_mbpp = pytest.mark.skipif(not os.path.isfile(MBPP), reason="no shared MBPP file")
+@pytest.fixture
+def mbpp(shared_data):
+    return str(shared_data("mbpp_full.jsonl"))
 
 
-@needs_mbpp
-def test_mbpp_source_gives_code_prompts_with_sandbox_gold():
-    dm = PromptDataModule(train_path=MBPP, code_format="mbpp", code_split="train", code_shown_tests=1,
-                          task="code", val_path=MBPP, code_val_split="validation", max_prompt_tokens=4096)
+def test_mbpp_source_gives_code_prompts_with_sandbox_gold(mbpp):
+    dm = PromptDataModule(train_path=mbpp, code_format="mbpp", code_split="train", code_shown_tests=1,
+                          task="code", val_path=mbpp, code_val_split="validation", max_prompt_tokens=4096)
     dm.tokenizer_obj = build_tiny_tokenizer()
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
@@ -38,15 +38,14 @@ def test_code_format_needs_the_code_task(tmp_path):
         PromptDataModule(train_path=str(path), code_format="apps", task="code")
 
 
-@needs_mbpp
 @pytest.mark.slow
-def test_tiny_fit_on_mbpp_with_the_sandbox(tmp_path, monkeypatch):
+def test_tiny_fit_on_mbpp_with_the_sandbox(tmp_path, monkeypatch, mbpp):
     from ibpo_lit.__main__ import main
 
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
     cli = main(["fit", "--config", os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny.yaml"),
                 "--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path),
-                "--trainer.enable_progress_bar", "false", "--data.train_path", MBPP, "--data.code_format", "mbpp",
+                "--trainer.enable_progress_bar", "false", "--data.train_path", mbpp, "--data.code_format", "mbpp",
                 "--data.max_prompt_tokens", "4096", "--model.reward", "code",
                 "--model.reward_timeout_s", "30"])
     metrics = cli.trainer.logged_metrics

@@ -27,15 +27,7 @@ from ibpo_lit.data.code_tasks import (
 from ibpo_lit.data.records import BadRecordError, Record
 from ibpo_lit.rewards import CodeTests, SandboxPool
 
-DATA = Path("/work/shared/data")
 LCB = Path(__file__).resolve().parents[1] / "fixtures" / "livecodebench_sample.jsonl"
-
-
-def _data(name: str) -> Path:
-    path = DATA / name
-    if not path.is_file():
-        pytest.skip(f"{path} not present")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +55,8 @@ def test_extract_code(text, code):
 
 
 # ------------------------------------------------------------------ HumanEval
-def test_humaneval_tasks():
-    tasks = load_humaneval(_data("humaneval.jsonl"))
+def test_humaneval_tasks(shared_data):
+    tasks = load_humaneval(shared_data("humaneval.jsonl"))
     assert len(tasks) == 164 and tasks[0].uid == "HumanEval/0" and tasks[-1].uid == "HumanEval/163"
     t = tasks[0]
     assert t.entry_point == "has_close_elements" and t.spec.remote == ("has_close_elements",)
@@ -94,12 +86,12 @@ def test_humaneval_check_must_assert(tmp_path):
 
 
 # ------------------------------------------------------------------ MBPP
-def test_mbpp_full_tasks():
-    tasks = load_mbpp(_data("mbpp_full.jsonl"))
+def test_mbpp_full_tasks(shared_data):
+    tasks = load_mbpp(shared_data("mbpp_full.jsonl"))
     assert len(tasks) == 974
     by_id = {t.uid: t for t in tasks}
     assert sum(t.split == "test" for t in tasks) == 500 and sum(t.split == "train" for t in tasks) == 374
-    assert len(load_mbpp(_data("mbpp_full.jsonl"), split="validation")) == 90
+    assert len(load_mbpp(shared_data("mbpp_full.jsonl"), split="validation")) == 90
     t = by_id["mbpp/11"]
     assert "\r" not in t.reference and t.entry_point == "remove_Occ" and len(t.tests) == 3
     assert t.problem.startswith("Write a python function to remove first and last occurrence")
@@ -112,12 +104,12 @@ def test_mbpp_full_tasks():
     assert by_id["mbpp/596"].spec.prelude == "import sys\n" and by_id["mbpp/596"].spec.remote == ("tuple_size",)
     assert [t.uid for t in tasks if t.spec.prelude] == ["mbpp/596"] and not any(t.spec.suffix for t in tasks)
     assert all(json.loads(t.gold)["v"] == 3 for t in tasks)
-    one = load_mbpp(_data("mbpp_full.jsonl"), limit=1, shown_tests=1)[0]
+    one = load_mbpp(shared_data("mbpp_full.jsonl"), limit=1, shown_tests=1)[0]
     assert one.problem.count("assert ") == 1 and len(one.tests) == 3
 
 
-def test_mbpp_sanitized_tasks():
-    tasks = load_mbpp_sanitized(_data("mbpp_sanitized.jsonl"))
+def test_mbpp_sanitized_tasks(shared_data):
+    tasks = load_mbpp_sanitized(shared_data("mbpp_sanitized.jsonl"))
     assert len(tasks) == 427
     counts = {s: sum(t.split == s for t in tasks) for s in ("prompt", "test", "validation", "train")}
     assert counts == {"prompt": 7, "test": 257, "validation": 43, "train": 120}
@@ -137,9 +129,9 @@ def test_mbpp_split(task_id, split):
     assert mbpp_split(task_id) == split
 
 
-def test_mbpp_bad_arguments():
+def test_mbpp_bad_arguments(shared_data):
     with pytest.raises(ValueError, match="split must be one of"):
-        load_mbpp(_data("mbpp_full.jsonl"), split="dev")
+        load_mbpp(shared_data("mbpp_full.jsonl"), split="dev")
     with pytest.raises(ValueError, match="outside 1..974"):
         mbpp_split(975)
 
@@ -195,10 +187,10 @@ def _canonical(task: CodeTask) -> str:
     return task.reference[len(task.spec.prefix):] if task.spec.prefix else task.reference
 
 
-def test_canonical_solutions_pass_on_a_sample(pool):
-    he = load_humaneval(_data("humaneval.jsonl"))
-    mbpp = {t.uid: t for t in load_mbpp(_data("mbpp_full.jsonl"))}
-    san = load_mbpp_sanitized(_data("mbpp_sanitized.jsonl"))
+def test_canonical_solutions_pass_on_a_sample(pool, shared_data):
+    he = load_humaneval(shared_data("humaneval.jsonl"))
+    mbpp = {t.uid: t for t in load_mbpp(shared_data("mbpp_full.jsonl"))}
+    san = load_mbpp_sanitized(shared_data("mbpp_sanitized.jsonl"))
     sample = (
         [he[i] for i in (0, 10, 32, 38, 50, 53, 100, 162)]  # 32, 38, 50 call prompt helpers from check
         + [mbpp[f"mbpp/{i}"] for i in (11, 126, 341, 367, 596, 642, 927, 974)]  # 367/927: setup; 126: sum
@@ -210,9 +202,9 @@ def test_canonical_solutions_pass_on_a_sample(pool):
     assert not failed
 
 
-def test_wrong_solutions_fail(pool):
-    he = load_humaneval(_data("humaneval.jsonl"), limit=3)
-    mbpp = load_mbpp(_data("mbpp_full.jsonl"), limit=3)
+def test_wrong_solutions_fail(pool, shared_data):
+    he = load_humaneval(shared_data("humaneval.jsonl"), limit=3)
+    mbpp = load_mbpp(shared_data("mbpp_full.jsonl"), limit=3)
     pairs = [(_canonical(he[1]), he[0].gold), (_canonical(he[0]), he[2].gold),  # another task's solution
              (mbpp[1].reference, mbpp[0].gold), ("", mbpp[2].gold)]
     assert pool.score(pairs) == [0.0, 0.0, 0.0, 0.0]

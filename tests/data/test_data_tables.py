@@ -213,12 +213,8 @@ def test_arithmetic_columns_hold_the_answer():
     assert all(p.columns == {"answer": p.gold} for p in flat(take(dm, 1)) + dm.val_prompts())
 
 
-MBPP = Path(__file__).parents[3] / "shared" / "data" / "mbpp_full.jsonl"
-
-
-@pytest.mark.skipif(not MBPP.is_file(), reason="no shared MBPP file")
-def test_code_columns_hold_the_task_and_its_tests(tmp_path):
-    dm = make_dm(train_path=str(MBPP), code_format="mbpp", code_split="train", task="code",
+def test_code_columns_hold_the_task_and_its_tests(tmp_path, shared_data):
+    dm = make_dm(train_path=str(shared_data("mbpp_full.jsonl")), code_format="mbpp", code_split="train", task="code",
                  max_prompt_tokens=4096, prompts_per_step=1)
     (p,) = take(dm, 1)[0]
     assert p.columns["task_id"] == p.uid and p.columns["tests"] and all(isinstance(t, str) for t in p.columns["tests"])

@@ -6,8 +6,6 @@ import pytest
 
 from ibpo_lit.data.records import BadRecordError, RecordFormat, read_records
 
-GSM8K_TEST = Path("/work/shared/data/gsm8k_test.jsonl")
-
 
 def write_lines(path: Path, lines: list[str | bytes]) -> Path:
     with path.open("wb") as f:
@@ -107,14 +105,14 @@ def test_bad_options():
         list(read_records("x.jsonl", on_bad_record="ignore"))
 
 
-@pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="shared GSM8K copy not present")
-def test_real_gsm8k_file():
+def test_real_gsm8k_file(shared_data):
+    gsm8k_test = shared_data("gsm8k_test.jsonl")
     records = []
-    for r in read_records(GSM8K_TEST):
+    for r in read_records(gsm8k_test):
         records.append(r)
         if len(records) == 50:
             break
-    with GSM8K_TEST.open(encoding="utf-8") as f:
+    with gsm8k_test.open(encoding="utf-8") as f:
         raw = [json.loads(next(f)) for _ in range(5)]
     for r, obj in zip(records, raw):
         assert r.problem == obj["question"].strip()

@@ -1,35 +1,27 @@
 """`data.val_benchmarks`: evaluation benchmarks as validation sets (the data side)."""
-import os
-
 import pytest
 
 from ibpo_lit.data.prompt_builder import PromptBuilder
 from ibpo_lit.data.val_benchmarks import ValBenchmark, benchmark_prompts, check_unique_names
 from ibpo_lit.models.tiny import build_tiny_tokenizer
 
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data")
-AIME = os.path.join(SHARED, "aime2025.jsonl")
-HUMANEVAL = os.path.join(SHARED, "humaneval.jsonl")
-needs_shared = pytest.mark.skipif(not (os.path.isfile(AIME) and os.path.isfile(HUMANEVAL)), reason="no shared data")
 
-
-@needs_shared
-def test_prompts_carry_their_set_task_and_instruction():
+def test_prompts_carry_their_set_task_and_instruction(shared_data):
     builder = PromptBuilder(build_tiny_tokenizer(), instruction="TRAINING INSTRUCTION", max_prompt_tokens=4096)
-    aime = benchmark_prompts(ValBenchmark("aime25", path=AIME, limit=5), builder)
+    aime_path, humaneval_path = str(shared_data("aime2025.jsonl")), str(shared_data("humaneval.jsonl"))
+    aime = benchmark_prompts(ValBenchmark("aime25", path=aime_path, limit=5), builder)
     assert len(aime) == 5 and {p.meta["val_set"] for p in aime} == {"aime25"}
     assert {p.task for p in aime} == {"math"} and aime[0].gold == "70"
     assert "####" in builder.tokenizer.decode(aime[0].prompt_ids)  # the math instruction, not training's
     assert "TRAINING INSTRUCTION" not in builder.tokenizer.decode(aime[0].prompt_ids)
-    code = benchmark_prompts(ValBenchmark("humaneval", path=HUMANEVAL, limit=2, log_name="he"), builder)
+    code = benchmark_prompts(ValBenchmark("humaneval", path=humaneval_path, limit=2, log_name="he"), builder)
     assert {p.task for p in code} == {"code"} and {p.meta["val_set"] for p in code} == {"he"}
     assert code[0].uid.startswith("he:")
 
 
-@needs_shared
-def test_prompts_too_long_are_skipped_and_counted_never_truncated():
+def test_prompts_too_long_are_skipped_and_counted_never_truncated(shared_data):
     builder = PromptBuilder(build_tiny_tokenizer(), max_prompt_tokens=300, on_long_prompt="truncate")
-    prompts = benchmark_prompts(ValBenchmark("aime25", path=AIME), builder)
+    prompts = benchmark_prompts(ValBenchmark("aime25", path=str(shared_data("aime2025.jsonl"))), builder)
     assert 0 < len(prompts) < 30
     assert builder.stats["skipped_long_prompts"] == 30 - len(prompts)
     assert not any(p.meta.get("truncated") for p in prompts)

@@ -9,7 +9,6 @@ import pytest
 
 HERE = os.path.dirname(__file__)
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-GSM8K = os.path.join(ROOT, "..", "shared", "data", "gsm8k_test.jsonl")
 
 
 def _needs_vllm():
@@ -40,12 +39,11 @@ def test_vllm_engine_decodes_the_evaluated_weights_like_hf(tmp_path):
 
 
 @pytest.mark.slow
-def test_evaluate_command_with_vllm_matches_hf_greedy(tmp_path):
+def test_evaluate_command_with_vllm_matches_hf_greedy(tmp_path, shared_data):
     _needs_vllm()
-    if not os.path.isfile(GSM8K):
-        pytest.skip("needs ../shared/data/gsm8k_test.jsonl")
+    gsm8k = shared_data("gsm8k_test.jsonl")
     data = tmp_path / "gsm8k3.jsonl"
-    with open(GSM8K) as f:
+    with open(gsm8k) as f:
         data.write_text("".join(next(f) for _ in range(3)))
     results = {}
     for backend in ("hf", "vllm"):

@@ -1,12 +1,9 @@
 """scripts/bench_sandbox.py: both arms run the same canonical solutions; every one passes."""
 import json
-from pathlib import Path
-
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
-def test_bench_sandbox_times_both_arms_on_canonical_solutions(tmp_path, load_script):
-    lines = (SHARED / "mbpp_full.jsonl").read_text().splitlines()
+def test_bench_sandbox_times_both_arms_on_canonical_solutions(tmp_path, load_script, shared_data):
+    lines = shared_data("mbpp_full.jsonl").read_text().splitlines()
     (tmp_path / "mbpp_full.jsonl").write_text("\n".join(lines[366:367] + lines[:2]) + "\n")  # 367 builds Nodes
     out = tmp_path / "sandbox.json"
     report = load_script("bench_sandbox").main(["--data", str(tmp_path), "--out", str(out)])

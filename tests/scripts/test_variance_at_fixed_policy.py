@@ -8,7 +8,6 @@ import pytest
 import torch
 
 TINY = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny.yaml")
-GSM8K = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "gsm8k_train.jsonl")
 
 # A reward with spread on a random model (the verifier would score everything 0: no gradient).
 PARITY = """
@@ -20,27 +19,32 @@ def parity(prompts, completions, **columns):
 
 
 @pytest.fixture
+def problems(shared_data):
+    """GSM8K's training set (only its problem texts matter: the reward below ignores the golds)."""
+    return str(shared_data("gsm8k_train.jsonl"))
+
+
+@pytest.fixture
 def parity_reward(tmp_path, monkeypatch):
     (tmp_path / "parity_reward.py").write_text(PARITY)
     monkeypatch.syspath_prepend(str(tmp_path))  # reward workers start with this process's sys.path
     return "model.reward=parity_reward:parity"
 
 
-def _run(script, tmp_path, reward, *extra):
+def _run(script, tmp_path, problems, reward, *extra):
     out = tmp_path / f"out{len(list(tmp_path.iterdir()))}.json"
-    report = script.main(["--config", TINY, "--problems", GSM8K, "--param_filter", r"layers\.0\.",
+    report = script.main(["--config", TINY, "--problems", problems, "--param_filter", r"layers\.0\.",
                           "--overrides", reward, "--out", str(out), *extra])
     assert json.loads(out.read_text())["results"].keys() == report["results"].keys()
     return report
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.isfile(GSM8K), reason="needs ../shared/data/gsm8k_train.jsonl")
-def test_variance_falls_as_one_over_rows_for_iid_groups(tmp_path, load_script, parity_reward):
+def test_variance_falls_as_one_over_rows_for_iid_groups(tmp_path, load_script, problems, parity_reward):
     script = load_script("variance_at_fixed_policy")
-    few = _run(script, tmp_path, parity_reward, "--repeat_one", "--num_prompts", "2", "--batches", "16",
+    few = _run(script, tmp_path, problems, parity_reward, "--repeat_one", "--num_prompts", "2", "--batches", "16",
                "--methods", "gspo")["results"]["gspo"]
-    many = _run(script, tmp_path, parity_reward, "--repeat_one", "--num_prompts", "8", "--batches", "16",
+    many = _run(script, tmp_path, problems, parity_reward, "--repeat_one", "--num_prompts", "8", "--batches", "16",
                 "--methods", "gspo")["results"]["gspo"]
     assert (few["rows_per_batch"], many["rows_per_batch"]) == (16, 64)
     assert 2.0 < few["trace_cov"] / many["trace_cov"] < 8.0  # 4 expected
@@ -50,10 +54,9 @@ def test_variance_falls_as_one_over_rows_for_iid_groups(tmp_path, load_script, p
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.isfile(GSM8K), reason="needs ../shared/data/gsm8k_train.jsonl")
-def test_ibpo_batches_carry_their_corrections(tmp_path, load_script, parity_reward):
+def test_ibpo_batches_carry_their_corrections(tmp_path, load_script, problems, parity_reward):
     script = load_script("variance_at_fixed_policy")
-    report = _run(script, tmp_path, parity_reward, "--num_prompts", "2", "--batches", "3",
+    report = _run(script, tmp_path, problems, parity_reward, "--num_prompts", "2", "--batches", "3",
                   "--methods", "gspo", "ibpo_plain")
     gspo, ibpo = report["results"]["gspo"], report["results"]["ibpo_plain"]
     assert ibpo["rows_per_batch"] > gspo["rows_per_batch"] == 16  # correction samples trained jointly
@@ -84,7 +87,7 @@ def test_ibpo_batches_carry_their_corrections(tmp_path, load_script, parity_rewa
     assert rewritten["results"]["ibpo_plain"]["trace_cov"] == pytest.approx(ibpo["trace_cov"])
     assert "jackknife" in rewritten["statistics"]
     with pytest.raises(SystemExit):
-        script.main(["--problems", GSM8K])  # neither a config nor --report
+        script.main(["--problems", problems])  # neither a config nor --report
     # a file from before the cross-prompt Gram matrices says so instead of failing on a key
     for r in report["results"].values():
         r["prompt_grams"] = r.pop("prompt_cross_grams")
