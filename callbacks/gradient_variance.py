@@ -44,6 +44,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from ibpo_lit.algorithms.diagnostics import gradient_variance
+from ibpo_lit.training.seeding import stream_seed
 from ibpo_lit.training.step_types import ScoredRollouts
 
 
@@ -58,7 +59,8 @@ class GradientVarianceLogger(Callback):
             trainable parameters are measured, e.g. ``"lm_head|layers\\.0\\."``. Unset = all.
         max_params: Keep only the first this many selected parameter tensors (model order).
         seed: Base seed of the split; the split of step ``s`` depends on ``(seed, s)`` only,
-            so a resumed run measures the same splits.
+            so a resumed run measures the same splits. Unset: ``seed_everything``'s (0 without
+            it; ``ibpo_lit.training.seeding``).
     """
 
     requires_single_process = True  # `ibpo_lit.config_checks` refuses it in a run of several processes
@@ -69,7 +71,7 @@ class GradientVarianceLogger(Callback):
         num_splits: int = 4,
         param_filter: Optional[str] = None,
         max_params: Optional[int] = None,
-        seed: int = 0,
+        seed: Optional[int] = None,
     ) -> None:
         if every_n_steps < 1:
             raise ValueError(f"GradientVarianceLogger.every_n_steps must be >= 1, got {every_n_steps}")
@@ -86,7 +88,7 @@ class GradientVarianceLogger(Callback):
         self.num_splits = num_splits
         self.param_filter = param_filter
         self.max_params = max_params
-        self.seed = seed
+        self.seed = stream_seed(seed)
         self.last: Optional[dict[str, Any]] = None  # the latest measurement (tests, notebooks)
         self._warned: set[str] = set()
 

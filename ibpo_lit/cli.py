@@ -12,7 +12,8 @@ as one line; an always-on ``ModelCheckpoint`` (``checkpoint.*``) writing
 (`ibpo_lit.training.checkpoint_io`); the strategy checked before Lightning builds it, the other
 cross-section checks before anything loads (`ibpo_lit.config_checks`); validation switched off
 when there is nothing to validate on, and on a default interval when there is; progress by
-optimizer step (`callbacks.progress`); a resumed run logging into its TensorBoard version.
+optimizer step (`callbacks.progress`); a resumed run logging into its TensorBoard version; a
+resumed ``fit`` seeded with its checkpoint's ``seed_everything`` (`_keep_checkpoint_seed`).
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from ibpo_lit.scale import strategy as _registers_fsdp2  # noqa: F401 - `trainer
 from ibpo_lit.tasks import task_for_rewards as _rewards_task
 from ibpo_lit.trainer import Trainer
 from ibpo_lit.training.checkpoint_io import AtomicCheckpointIO, run_state
+from ibpo_lit.training.seeding import run_seed
 
 # The module steps its optimizer itself, and a checkpoint after the step is exactly what resume
 # needs; Lightning's advice to stash pre-step weights does not apply.
@@ -172,6 +174,27 @@ class IBPOCLI(LightningCLI):
         except (RuntimeError, EOFError, OSError, ValueError) as e:
             subcommand = self.config.get("subcommand")
             raise read_checkpoint_error(self.config[subcommand].get("ckpt_path"), e) from e
+        self._keep_checkpoint_seed()
+
+    def _keep_checkpoint_seed(self) -> None:
+        """A resumed ``fit`` samples with the seeds it started with: ``seed_everything`` becomes
+        the one its checkpoint recorded, before LightningCLI seeds with it and before anything is
+        built (so a ``--seed_everything`` other than the run's, or ``true``, cannot switch the
+        streams mid-run; said when it differs). LightningCLI already takes ``model.*`` from the
+        checkpoint; an explicit ``data`` seed that differs is refused when the checkpoint loads."""
+        if self.config.get("subcommand") != "fit":
+            return
+        config = self.config["fit"]
+        saved = run_state(config.get("ckpt_path")).get("seeds", {}).get("seed_everything")
+        if saved is None:  # no checkpoint file yet, or one from before checkpoints recorded seeds
+            return
+        given = config.get("seed_everything")
+        # (`False`: Lightning seeds nothing, and the run's seed is PL_GLOBAL_SEED's or 0; `True`: Lightning's pick.)
+        now = run_seed() if given is False else None if given is True else int(given)
+        if now != saved:
+            config["seed_everything"] = saved
+            rank_zero_info(f"resuming with the checkpoint's seed_everything: {saved} (the command asked for "
+                           f"{given}); every stream continues as it started")
 
     def after_instantiate_classes(self) -> None:
         if self.subcommand in (None, "fit"):

@@ -307,7 +307,10 @@ class RolloutConfig:
         old_logp: Where ``pi_old`` comes from: ``trainer`` (the trained model's own forward,
             so rollout/trainer numerics cannot bias the ratio) or ``rollout`` (the engine's
             log-probs).
-        seed: Base of every per-rollout sampling seed.
+        seed: Base of every per-rollout sampling seed (training, validation, corrections, a
+            judge's questions), the mini-batch order's, and the weights of a model built in code
+            (``tiny-llama``). Unset: ``seed_everything``'s (0 without it); set, it pins these
+            streams whatever ``seed_everything`` says (``ibpo_lit.training.seeding``).
         tools: Tool-integrated rollouts: the policy may write a Python cell mid-solution, which
             runs in the code sandbox, its output appended as a tool turn (out of the loss) before
             generation resumes (``ToolConfig``; docs/tools.md). Unset = off.
@@ -320,7 +323,7 @@ class RolloutConfig:
     num_mini_batches: int = 1
     micro_batch_size: int = 8
     old_logp: Literal["trainer", "rollout"] = "trainer"
-    seed: int = 0
+    seed: Optional[int] = None
     tools: Optional[ToolConfig] = None
 
     def __post_init__(self) -> None:

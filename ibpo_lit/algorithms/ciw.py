@@ -69,7 +69,7 @@ import bisect
 import math
 import re
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Sequence
+from typing import Literal, NamedTuple, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -129,7 +129,8 @@ class CIWConfig:
         answer_weight: Weight of every answer-region token.
         conservation: Rescale each response's weights to mean 1 (redistribute credit
             without changing the effective learning rate).
-        seed: Seed of the ``random`` ablation's draws (combined with the step).
+        seed: Seed of the ``random`` ablation's draws (combined with the step). Unset:
+            ``seed_everything``'s (0 without it; ``ibpo_lit.training.seeding``).
         tokens_per_pass: Token budget of one scoring forward pass (sequences x padded
             length). Copies of several responses share a pass while they fit; all copies
             of one response are always in one pass, whatever the budget.
@@ -156,7 +157,7 @@ class CIWConfig:
     boost: float = 2.0
     answer_weight: float = 1.5
     conservation: bool = False
-    seed: int = 0
+    seed: Optional[int] = None
     tokens_per_pass: int = 8192
     cache_size: int = 4096
 
@@ -363,9 +364,9 @@ def random_importance(
     importance: Tensor, reasoning: Tensor, cfg: CIWConfig, generator: torch.Generator | None = None
 ) -> Tensor:
     """Ablation: reasoning importance ~ U[importance_low, importance_high], i.i.d. per token,
-    drawn on the CPU from ``generator`` (a fresh one seeded with ``cfg.seed`` when None)."""
+    drawn on the CPU from ``generator`` (a fresh one seeded with ``cfg.seed``, 0 when unset, when None)."""
     if generator is None:
-        generator = torch.Generator().manual_seed(cfg.seed)
+        generator = torch.Generator().manual_seed(0 if cfg.seed is None else cfg.seed)
     draws = torch.rand(importance.shape, generator=generator, dtype=torch.float32)
     draws = cfg.importance_low + (cfg.importance_high - cfg.importance_low) * draws
     return torch.where(reasoning.cpu(), draws, importance.float().cpu()).to(importance.device)

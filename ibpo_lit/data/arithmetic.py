@@ -7,7 +7,10 @@ What is covered:
   many digits (one digit: 0-9), capped at ``max_operand`` when set.
 - Determinism: problem ``index`` is drawn from its own RNG seeded by ``(seed, index)``, so a
   stream position alone fixes the problem (exact resume, any number of workers) and it does not
-  depend on Python's hash seed.
+  depend on Python's hash seed. An unset ``seed`` is the stream of seed 0 here: the data module
+  resolves it first (unset: ``seed_everything``'s, `ibpo_lit.training.seeding`).
+- The held-out stream (`held_out`) is an evaluation set: it follows an explicit ``seed`` only, so
+  runs that differ in ``seed_everything`` validate on the same problems.
 - With ``allow_negative=False`` (the default) subtraction puts the larger operand first (two
   operands), or a problem whose answer would be negative is drawn again from the same generator
   (more operands).
@@ -19,7 +22,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, Optional
+
+from ibpo_lit.training.seeding import DEFAULT_SEED
 
 Op = Literal["+", "-", "*"]
 OPS = ("+", "-", "*")
@@ -36,7 +41,10 @@ class ArithmeticConfig:
         max_operand: If set, cap every operand at this value (keeps answers small, e.g. for a
             tiny random model that earns reward only by luck).
         allow_negative: Allow negative answers from "-"; if false the larger operand comes first.
-        seed: Seed of the problem stream; problem i is the same for the same seed.
+        seed: Seed of the training problem stream; problem i is the same for the same seed.
+            Unset: ``seed_everything``'s (0 without it). The held-out problems (``data.val_size``)
+            follow only a seed set here, so runs over several ``seed_everything`` values
+            validate on the same problems.
         operands: Numbers per problem (>= 2); more than two make multi-step problems, evaluated
             with the usual precedence (``*`` before ``+`` and ``-``).
     """
@@ -46,7 +54,7 @@ class ArithmeticConfig:
     ops: tuple[Op, ...] = ("+",)
     max_operand: int | None = None
     allow_negative: bool = False
-    seed: int = 0
+    seed: Optional[int] = None
     operands: int = 2
 
     def __post_init__(self) -> None:
@@ -89,8 +97,13 @@ HELD_OUT_SEED_OFFSET = 1_000_003  # validation's stream: a seed no training stre
 def held_out(cfg: ArithmeticConfig) -> ArithmeticConfig:
     """The held-out stream of ``cfg``: the same kind of problems, drawn from another seed.
     Validation (``data.val_size``) scores its first problems; `scripts/compare.py --final-eval`
-    evaluates more of them."""
-    return replace(cfg, seed=cfg.seed + HELD_OUT_SEED_OFFSET)
+    evaluates more of them. An evaluation set, fixed across runs: it follows ``cfg.seed`` when
+    set, never ``seed_everything`` (unset: `DEFAULT_SEED`'s)."""
+    return replace(cfg, seed=_seed(cfg) + HELD_OUT_SEED_OFFSET)
+
+
+def _seed(cfg: ArithmeticConfig) -> int:
+    return DEFAULT_SEED if cfg.seed is None else cfg.seed
 
 
 def arithmetic_problem(index: int, cfg: ArithmeticConfig) -> tuple[str, str]:
@@ -100,7 +113,7 @@ def arithmetic_problem(index: int, cfg: ArithmeticConfig) -> tuple[str, str]:
     """
     if index < 0:
         raise ValueError(f"index must be >= 0, got {index}")
-    rng = random.Random(f"ibpo-arithmetic:{cfg.seed}:{index}")  # str seeds hash with sha512
+    rng = random.Random(f"ibpo-arithmetic:{_seed(cfg)}:{index}")  # str seeds hash with sha512
     if cfg.operands > 2:
         return _multi_step(rng, cfg)
     a, b = _operand(rng, cfg), _operand(rng, cfg)

@@ -15,6 +15,10 @@ What is covered:
   consumed. It is read in `on_before_batch_transfer`, which sees the batch a training step is
   about to use (Lightning prefetches one batch ahead, so the dataset's own iterator position would
   be one batch too far). A new iterator (next Lightning epoch, resume) continues from there.
+- Seeds: the training order's (``seed``, ``arithmetic.seed``; unset: ``seed_everything``'s,
+  `ibpo_lit.training.seeding`) are decided when the data module is built and travel in
+  `state_dict`; fitting from a checkpoint of other seeds is refused rather than switching the
+  order mid-run. The held-out arithmetic problems do not follow ``seed_everything``.
 
 What is not covered:
 - Validation/test loaders (evaluation sets come later).
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from dataclasses import replace
 from typing import Any, Literal
 
 import lightning as L
@@ -62,6 +67,7 @@ from ibpo_lit.data.val_benchmarks import (
     check_unique_names,
 )
 from ibpo_lit.tasks import ANSWER_INSTRUCTION, get_task
+from ibpo_lit.training.seeding import check_resumed_seeds, run_seed, stream_seed
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +116,9 @@ class PromptDataModule(L.LightningDataModule):
         max_prompt_tokens: Longest prompt in tokens, chat template included.
         on_long_prompt: What to do with a longer prompt: "skip" (counted), "truncate" (shorten
             the problem text, keep the template), or "error".
-        seed: Seed of the per-epoch shuffle of a JSONL source (epoch e uses seed + e); the
-            arithmetic stream has its own arithmetic.seed.
+        seed: Seed of the per-epoch shuffle of a file or dataset source (``ibpo_lit.data.stream``);
+            the arithmetic stream has its own ``arithmetic.seed``. Unset: ``seed_everything``'s (0
+            without it; ``ibpo_lit.training.seeding``).
         num_workers: DataLoader worker processes; 0 keeps resume exact.
         code_format: Read ``train_path``/``val_path`` as a code benchmark: ``humaneval``,
             ``mbpp``, ``mbpp_sanitized`` or ``livecodebench`` (needs ``model.reward: code``, the
@@ -128,9 +135,10 @@ class PromptDataModule(L.LightningDataModule):
             ``model.rewards`` (linked; not set apart).
         val_size: Held-out problems for validation (``val/accuracy``): the first ``val_size``
             records of ``val_path``, or, without it, arithmetic problems from a stream seeded
-            apart from training (``arithmetic.seed + 1000003``; small operand ranges can still
-            repeat a training problem). 0 = no validation, unless ``val_path`` is set (then all
-            of it).
+            apart from training (``arithmetic.seed + 1000003``, with an unset seed as 0 whatever
+            ``seed_everything`` is, so every seed of a run validates on the same problems; small
+            operand ranges can still repeat a training problem). 0 = no validation, unless
+            ``val_path`` is set (then all of it).
         val_path: Validation problems, in any form train_path takes (same fields); read as
             source "file" or "dataset" like train_path (inferred from the path; an arithmetic
             training source infers it too).
@@ -165,7 +173,7 @@ class PromptDataModule(L.LightningDataModule):
         instruction: str | None = None,
         max_prompt_tokens: int = 512,
         on_long_prompt: Literal["truncate", "skip", "error"] = "skip",
-        seed: int = 0,
+        seed: int | None = None,
         num_workers: int = 0,
         task: str = "math",
         val_size: int = 0,
@@ -253,14 +261,18 @@ class PromptDataModule(L.LightningDataModule):
         self.train_path = train_path
         self.train_format, self.train_config, self.train_split = train_format, train_config, train_split
         self.on_bad_record = on_bad_record
-        self.arithmetic = arithmetic
+        self.arithmetic = arithmetic  # as configured: the held-out problems follow its own seed only
         self.prompts_per_step = prompts_per_step
         self.system_prompt = system_prompt
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.instruction = kind.instruction if instruction is None else instruction
         self.max_prompt_tokens = max_prompt_tokens
         self.on_long_prompt = on_long_prompt
-        self.seed = seed
+        # The training order's seeds, decided once, here (`stream_seed`: the setting, else
+        # seed_everything's); a checkpoint records them and a resume under others is refused.
+        run = run_seed()
+        self.seed = stream_seed(seed, run)
+        self.arithmetic_seed = stream_seed(arithmetic.seed, run)
         self.num_workers = num_workers
         self.task = task
         self.val_size = val_size
@@ -302,7 +314,7 @@ class PromptDataModule(L.LightningDataModule):
 
     def _make_source(self) -> ProblemSource:
         if self.source == "arithmetic":
-            return ArithmeticSource(self.arithmetic)
+            return ArithmeticSource(replace(self.arithmetic, seed=self.arithmetic_seed))
         self.skipped_record_errors = []
         if self.code_format is not None:
             return RecordSource(self._code_records(self.train_path, self.code_split), seed=self.seed)
@@ -412,10 +424,18 @@ class PromptDataModule(L.LightningDataModule):
             self.mark_consumed(batch)
         return batch
 
+    @property
+    def seeds(self) -> dict[str, int]:
+        """The seeds of the training order, by setting (what a resume must sample with)."""
+        return {"data.seed": self.seed, "data.arithmetic.seed": self.arithmetic_seed}
+
     def state_dict(self) -> dict[str, Any]:
-        return {**self._position.as_dict(), "stats": self.stats}
+        return {**self._position.as_dict(), "stats": self.stats, "seeds": self.seeds}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or trainer.state.fn == "fit":  # (`validate` reads no training order)
+            check_resumed_seeds(state_dict.get("seeds"), self.seeds, "training data")
         self._position = StreamPosition(int(state_dict["epoch"]), int(state_dict["index"]))
         if self._dataset is not None:
             self._dataset.start = self._position

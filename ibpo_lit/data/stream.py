@@ -1,7 +1,10 @@
 """An endless, resumable stream of prompts: problem sources and the `IterableDataset` over them.
 
 What is covered:
-- `RecordSource`: epochs over in-memory records, each epoch shuffled with ``seed + epoch``.
+- `RecordSource`: epochs over in-memory records, each epoch shuffled by its own generator,
+  seeded ``seed * 1_000_003 + epoch`` (seed 0: ``epoch``, the orders of every run before the
+  seed followed ``seed_everything``; a plain ``seed + epoch`` would give seed 1 the epochs of
+  seed 0 shifted by one).
 - `ArithmeticSource`: problems 0, 1, 2, ... of `arithmetic_problem` (one endless epoch).
 - `PromptStream`: the dataset. It starts at a `StreamPosition` ``(epoch, index)`` and tags every
   prompt with ``meta["stream_position"]``, the position just after it, so whoever sees a batch
@@ -55,7 +58,7 @@ class ProblemSource(Protocol):
 
 
 class RecordSource:
-    """Epochs over a fixed list of records, shuffled per epoch with ``seed + epoch``."""
+    """Epochs over a fixed list of records, epoch ``e`` shuffled with ``seed * 1_000_003 + e``."""
 
     def __init__(self, records: Sequence[Record], seed: int = 0):
         if not records:
@@ -65,7 +68,7 @@ class RecordSource:
 
     def order(self, epoch: int) -> list[int]:
         perm = list(range(len(self.records)))
-        random.Random(self.seed + epoch).shuffle(perm)
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(perm)
         return perm
 
     def problems_from(self, start: StreamPosition) -> Iterator[Problem]:

@@ -107,9 +107,11 @@ def trained_policy(ckpt_path: str, model: Optional[str] = None, dtype: Optional[
     if name is None:
         raise ValueError(f"{ckpt_path!r} does not say which model it was trained from: pass --model")
     dtype = dtype or hparams.get("dtype", "float32")
-    # Built-in models are made from the run's seed: a LoRA checkpoint's base is that model.
+    # Built-in models are made from the run's seed: a LoRA checkpoint's base is that model. The
+    # seed the run resolved (`training.seeding`); older checkpoints: the configured rollout.seed.
     rollout = hparams.get("rollout")
     seed = (rollout.get("seed", 0) if isinstance(rollout, dict) else getattr(rollout, "seed", 0)) or 0
+    seed = (ckpt.get("ibpo_lit") or {}).get("seeds", {}).get("model.rollout.seed", seed)
     base, tokenizer = load_policy(name, dtype=dtype, seed=seed)
     return load_trained_weights(base, ckpt, ckpt_path).eval(), tokenizer
 

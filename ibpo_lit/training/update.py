@@ -33,6 +33,7 @@ from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.scale.collectives import SINGLE_PROCESS, RankSync
 from ibpo_lit.scale.fsdp2 import is_sharded
 from ibpo_lit.training.logprobs import response_logprobs, response_logprobs_and_entropy
+from ibpo_lit.training.seeding import stream_seed
 from ibpo_lit.training.step_types import StepStats, UpdateBatch
 
 
@@ -138,7 +139,7 @@ class PolicyUpdate:
         ref_logp = self.ref_logprobs(batch)
 
         n = len(batch)
-        generator = torch.Generator().manual_seed(cfg.seed * 7919 + step_index)
+        generator = torch.Generator().manual_seed(stream_seed(cfg.seed) * 7919 + step_index)  # (the module's: resolved)
         order = torch.randperm(n, generator=generator) if cfg.num_mini_batches > 1 else torch.arange(n)
         totals: dict[str, float] = {}
         # tensor_split: exactly num_mini_batches optimizer steps on every rank, whatever its rows
