@@ -150,7 +150,7 @@ class VLLMWeightSync(L.Callback):
         start = time.perf_counter()
         manifest = SyncManifest()
         with torch.no_grad():
-            ctx.engine.sync_weights(iter_full_weights(ctx.policy, manifest))
+            ctx.engine.sync_weights(iter_full_weights(ctx.policy, manifest, dtype=getattr(ctx.engine, "weights_dtype", None)))
         self.last_seconds = time.perf_counter() - start
         if manifest.missing():
             raise StaleWeightsError(

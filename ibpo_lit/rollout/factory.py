@@ -170,7 +170,7 @@ def _vllm_engine(policy, tokenizer, sampling: SamplingConfig, settings: EngineSe
     engine.model_folder = folder
     manifest = SyncManifest()
     with torch.no_grad():
-        engine.sync_weights(iter_full_weights(policy, manifest))
+        engine.sync_weights(iter_full_weights(policy, manifest, dtype=engine.weights_dtype))
     if manifest.missing():
         raise RuntimeError(f"the vLLM engine's first sync did not send {len(manifest.missing())} of the policy's "
                            f"tensors ({', '.join(manifest.missing()[:5])}): they would keep placeholder values")

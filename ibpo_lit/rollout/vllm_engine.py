@@ -227,7 +227,12 @@ class VLLMRolloutEngine(RolloutEngine):
         self.model_folder: Optional[tempfile.TemporaryDirectory] = None
         self._group, self._group_rank = self._request_group()
         self.tokenizer_path = tokenizer
+        # What the engine holds its weights in: a sync casts shards to it before gathering them.
+        self.weights_dtype: torch.dtype = getattr(torch, torch_dtype if self.config.dtype == "auto" else self.config.dtype)
         self.llm = self._start(model_path, torch_dtype)
+        model_config = self.llm.llm_engine.model_config
+        # How a sync loads weights, decided once by the model's architecture (`reload_route`).
+        self.reload_route = reload_route(has_state_space_layers(model_config), model_config.quantization, self.on_gpu)
 
     def _request_group(self):
         """The gloo group of this rank's tensor-parallel group (consecutive ranks, as vLLM lays
@@ -263,6 +268,9 @@ class VLLMRolloutEngine(RolloutEngine):
                     f"{_world_size()}-process trainer: use external_launcher (or leave it unset)"
                 )
             backend = "external_launcher"
+        own_cache = rank_cache_root(os.environ, _global_rank(), _world_size())
+        if own_cache is not None:
+            os.environ["VLLM_CACHE_ROOT"] = own_cache
         if not self.on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kvcache_space_gib))
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cfg.cpu_omp_threads_bind)
@@ -402,17 +410,25 @@ class VLLMRolloutEngine(RolloutEngine):
         consumed lazily one tensor at a time, then drop the stale prefix cache."""
         start = time.perf_counter()
         self.wake_up(["weights"])  # before the KV cache: the weights are loaded with room to spare
+        plain = self.reload_route == PLAIN_LOAD
         if self.in_process:
-            self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": named_tensors, "is_checkpoint_format": True}
-            )
+            if plain:
+                self.llm.collective_rpc(_load_weights_plainly, kwargs={"weights": named_tensors})
+            else:
+                self.llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_iterator": named_tensors, "is_checkpoint_format": True}
+                )
         else:
             from safetensors.torch import save_file
 
             with tempfile.TemporaryDirectory(prefix="ibpo_lit_sync_") as folder:
                 tensors = {name: t.detach().to("cpu").contiguous() for name, t in named_tensors}
-                save_file(tensors, os.path.join(folder, "model.safetensors"))
-                self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder, "is_checkpoint_format": True})
+                path = os.path.join(folder, "model.safetensors")
+                save_file(tensors, path)
+                if plain:
+                    self.llm.collective_rpc(_load_weights_plainly, kwargs={"path": path})
+                else:
+                    self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder, "is_checkpoint_format": True})
         self.llm.collective_rpc(_refresh_lm_heads)
         self.wake_up(["kv_cache"])
         self.weights_discarded = False
@@ -487,6 +503,86 @@ def _clear_killed_runs_shm() -> None:
                            ", ".join(removed))
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
+
+
+CHECKPOINT_FORMAT_RELOAD, PLAIN_LOAD = "reload_weights", "load_weights"
+
+
+def has_state_space_layers(model_config) -> bool:
+    """Whether vLLM's model has recurrent-state layers (Mamba, Gated DeltaNet, ...): hybrid or
+    attention-free, as vLLM's own model registry declares the architecture, whatever the
+    checkpoint is called."""
+    return bool(getattr(model_config, "is_hybrid", False) or getattr(model_config, "is_attention_free", False))
+
+
+def reload_route(state_space_layers: bool, quantization: Optional[str], on_gpu: bool) -> str:
+    """How a weight sync loads new weights into vLLM: its ``reload_weights(is_checkpoint_format=
+    True)`` (``CHECKPOINT_FORMAT_RELOAD``), or the model's own ``load_weights`` as at start-up
+    (``PLAIN_LOAD``); raises ``ValueError`` where neither is right.
+
+    Why: ``reload_weights`` wraps ``load_weights`` in vLLM's layerwise-reload machinery, which
+    redoes each layer's post-load processing (for quantised repacking, and on the CPU for the
+    oneDNN-packed linears), and that processing is not idempotent for state-space layers:
+    reloading a hybrid model's own weights changes its greedy output (vLLM PR #48284, NemotronH;
+    Qwen3-Next's Gated DeltaNet layers are of the same class; prime-rl #2714 saw NaN logits).
+    An unquantised model on a GPU needs no post-load processing, so the plain ``load_weights``
+    is what vLLM's own fix does for it. A quantised hybrid needs the processing, and the CPU
+    build packs every linear, so both are refused. The plain route has not run on a GPU here
+    (docs/scaling.md says so).
+    """
+    if not state_space_layers:
+        return CHECKPOINT_FORMAT_RELOAD
+    if quantization is not None:
+        raise ValueError(
+            f"this model has state-space (hybrid) layers and is quantised ({quantization}): vLLM's weight reload "
+            "corrupts such layers (vLLM PR #48284) and a plain load would skip the quantisation's repacking; "
+            "train an unquantised checkpoint, or use model.rollout.backend: hf")
+    if not on_gpu:
+        raise ValueError(
+            "this model has state-space (hybrid) layers: vLLM's weight reload corrupts them (vLLM PR #48284), and "
+            "on the CPU vLLM packs every linear layer, so loading weights without that reload cannot work either; "
+            "use model.rollout.backend: hf on the CPU")
+    return PLAIN_LOAD
+
+
+def _load_weights_plainly(worker, weights=None, path: Optional[str] = None) -> int:
+    """Runs inside each vLLM worker: the model's own ``load_weights`` (what start-up runs), from
+    ``(name, tensor)`` pairs or a safetensors file (`reload_route`'s ``PLAIN_LOAD``)."""
+    if path is not None:
+        from safetensors.torch import load_file
+
+        weights = load_file(path).items()
+    return len(worker.model_runner.get_model().load_weights(weights) or ())
+
+
+RANK_CACHE_PREFIX = "ibpo_lit_rank_"
+
+
+def rank_cache_root(environ, rank: int, world: int) -> Optional[str]:
+    """``VLLM_CACHE_ROOT`` for the engine of global ``rank``: a folder of its own under vLLM's
+    root (the user's ``VLLM_CACHE_ROOT``, else ``$XDG_CACHE_HOME/vllm``, else ``~/.cache/vllm``);
+    None in one process (vLLM's own root).
+
+    Why: vLLM keys its compile cache by the engine's own ranks (``rank_<tp>_<dp>``), and with
+    the external launcher every tensor-parallel group is an engine of its own, so on a node of
+    8 GPUs with ``tensor_parallel_size: 4`` global ranks 0 and 4 are both that folder's rank 0
+    and write it at once (verl sets ``VLLM_DISABLE_COMPILE_CACHE=1`` for the same reason; a
+    folder per rank keeps the cache). An engine built again in the same process keeps its folder.
+    """
+    if world <= 1:
+        return None
+    home = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    root = os.path.expanduser(environ.get("VLLM_CACHE_ROOT") or os.path.join(home, "vllm"))
+    mine = f"{RANK_CACHE_PREFIX}{rank}"
+    if os.path.basename(os.path.normpath(root)) == mine:
+        return root
+    return os.path.join(root, mine)
+
+
+def _global_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _world_size() -> int:

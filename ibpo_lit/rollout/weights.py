@@ -10,6 +10,9 @@ lazily, so a consumer that copies each tensor before asking for the next (vLLM's
 * FSDP2 / ``DTensor`` parameters: ``full_tensor()`` gathers one parameter (a collective: every
   rank must iterate, in the same order, which ``named_parameters`` guarantees). The root
   unit's parameters (embeddings, final norm, LM head) are parameters like any other here.
+  Given the engine's ``dtype``, each shard is cast before it is gathered: a bf16 engine of an
+  fp32-master model then moves half the bytes of gathering fp32 and casting after, with
+  the same values (a cast is elementwise).
 * checkpoint layout: transformers 5 keeps some weights in a layout of its own, e.g. a
   mixture-of-experts layer's experts packed into 3-D tensors (``mlp.experts.gate_up_proj``)
   where checkpoints and vLLM's loader have one tensor per expert and projection
@@ -60,6 +63,7 @@ class SyncManifest:
     expected: set[str] = field(default_factory=set)  # the model's tensor names (its own layout)
     sent_model_names: set[str] = field(default_factory=set)  # of those, the ones yielded
     sent: list[str] = field(default_factory=list)  # the names the engine received (checkpoint layout)
+    gathered_bytes: int = 0  # bytes of the tensors gathered from shards (what the sync moves between ranks)
 
     def missing(self) -> list[str]:
         """The model's tensors that were not yielded (an incomplete sync)."""
@@ -88,9 +92,12 @@ def expected_tensor_names(model: torch.nn.Module) -> set[str]:
     return {clean_name(name) for name, _ in _unique_tensors(model)}
 
 
-def iter_full_weights(model: torch.nn.Module, manifest: SyncManifest | None = None) -> Iterator[tuple[str, Tensor]]:
+def iter_full_weights(model: torch.nn.Module, manifest: SyncManifest | None = None,
+                      dtype: torch.dtype | None = None) -> Iterator[tuple[str, Tensor]]:
     """``(checkpoint name, full tensor)`` for every parameter and persistent buffer of
-    ``model``; fills ``manifest`` (if given) as it goes."""
+    ``model``; fills ``manifest`` (if given) as it goes. ``dtype``: the engine's, to which
+    sharded floating-point tensors are cast before they are gathered (None: as they are;
+    unsharded tensors are left to the engine's own copy)."""
     from ibpo_lit.models.lora import is_lora, merged_weights
 
     if is_lora(model):
@@ -102,9 +109,11 @@ def iter_full_weights(model: torch.nn.Module, manifest: SyncManifest | None = No
         manifest.expected = {n.replace(".base_layer.", ".") for n in manifest.expected}
     for name, tensor in tensors:
         name = clean_name(name)
-        full = _full(tensor).detach()
+        full = _full(tensor, dtype).detach()
         if manifest is not None:
             manifest.sent_model_names.add(name)
+            if full is not tensor:
+                manifest.gathered_bytes += full.numel() * full.element_size()
         for out_name, out_tensor in to_checkpoint_layout(model, name, full):
             if manifest is not None:
                 manifest.sent.append(out_name)
@@ -161,6 +170,9 @@ def _named_tensors(module: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
             yield name, buffer
 
 
-def _full(tensor: Tensor) -> Tensor:
-    full_tensor = getattr(tensor, "full_tensor", None)  # DTensor (FSDP2, tensor parallel)
-    return full_tensor() if callable(full_tensor) else tensor
+def _full(tensor: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    if not callable(getattr(tensor, "full_tensor", None)):  # a plain tensor: nothing to gather
+        return tensor
+    if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
+        tensor = tensor.to(dtype)  # DTensor: each rank casts its own shard, no communication
+    return tensor.full_tensor()  # DTensor (FSDP2, tensor parallel): one collective

@@ -175,3 +175,55 @@ def test_the_engine_samples_outside_the_trainers_autocast(synced, monkeypatch):
     outside = engine.generate(prompts_of(tokenizer)[:1], n=2, seeds=[1, 2])
     assert seen == [False, False]
     assert torch.equal(inside.response_ids, outside.response_ids)
+
+
+def test_every_rank_of_a_run_has_its_own_vllm_cache_folder(tmp_path):
+    from ibpo_lit.rollout.vllm_engine import rank_cache_root
+
+    assert rank_cache_root({}, rank=0, world=1) is None  # one process: vLLM's own root
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    roots = [rank_cache_root(env, rank=r, world=8) for r in range(8)]
+    assert len(set(roots)) == 8  # ranks 0 and 4 (both TP rank 0 at tensor_parallel_size 4) apart
+    assert roots[4] == str(tmp_path / "vllm" / "ibpo_lit_rank_4")
+    user = {"VLLM_CACHE_ROOT": str(tmp_path / "mine"), "XDG_CACHE_HOME": "/elsewhere"}
+    assert rank_cache_root(user, rank=3, world=8) == str(tmp_path / "mine" / "ibpo_lit_rank_3")
+    again = {"VLLM_CACHE_ROOT": rank_cache_root(user, rank=3, world=8)}  # an engine built twice
+    assert rank_cache_root(again, rank=3, world=8) == again["VLLM_CACHE_ROOT"]
+
+
+def test_the_reload_route_is_chosen_by_architecture(tiny_vllm, tmp_path):
+    """vLLM's checkpoint-format reload corrupts state-space layers (vLLM PR #48284): a model
+    whose architecture vLLM declares hybrid is refused that route whatever its files are called
+    (a tiny Qwen3-Next saved as "my-model"), and a plain transformer keeps it."""
+    from transformers import Qwen3NextConfig
+    from vllm.config import ModelConfig
+
+    from ibpo_lit.rollout.vllm_engine import (
+        CHECKPOINT_FORMAT_RELOAD,
+        PLAIN_LOAD,
+        has_state_space_layers,
+        reload_route,
+    )
+
+    engine, _, _ = tiny_vllm
+    assert engine.reload_route == CHECKPOINT_FORMAT_RELOAD
+    assert not has_state_space_layers(engine.llm.llm_engine.model_config)
+
+    folder = tmp_path / "my-model"  # nothing in the name says hybrid
+    config = Qwen3NextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2,
+                             num_key_value_heads=1, head_dim=32, vocab_size=1000, linear_num_key_heads=2,
+                             linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                             shared_expert_intermediate_size=32)
+    config.architectures = ["Qwen3NextForCausalLM"]
+    config.save_pretrained(folder)
+    hybrid = ModelConfig(model=str(folder), skip_tokenizer_init=True)
+    assert has_state_space_layers(hybrid)
+
+    assert reload_route(False, None, on_gpu=False) == CHECKPOINT_FORMAT_RELOAD
+    assert reload_route(False, "fp8", on_gpu=True) == CHECKPOINT_FORMAT_RELOAD
+    assert reload_route(True, None, on_gpu=True) == PLAIN_LOAD
+    with pytest.raises(ValueError, match="state-space .* quantised"):
+        reload_route(True, "fp8", on_gpu=True)
+    with pytest.raises(ValueError, match="backend: hf on the CPU"):
+        reload_route(True, None, on_gpu=False)

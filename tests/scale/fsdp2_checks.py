@@ -53,6 +53,13 @@ def main(out_dir: str) -> None:
     out["weights_names_equal"] = sorted(sent) == sorted(ref)
     out["weights_max_diff"] = max(float((sent[n] - ref[n]).abs().max()) for n in ref)
     out["weights_missing"] = manifest.missing()
+    # a bf16 engine: each shard cast before the gather moves half the bytes, with the same values
+    fp32, bf16 = SyncManifest(), SyncManifest()
+    as_fp32 = {n: t.clone() for n, t in iter_full_weights(model, fp32)}
+    as_bf16 = {n: t.clone() for n, t in iter_full_weights(model, bf16, dtype=torch.bfloat16)}
+    out["sync_gathered_bytes"] = [fp32.gathered_bytes, bf16.gathered_bytes]
+    out["sync_bf16_dtypes"] = sorted({str(t.dtype) for t in as_bf16.values()})
+    out["sync_bf16_is_cast_after_gather"] = all(torch.equal(as_bf16[n], as_fp32[n].to(torch.bfloat16)) for n in as_fp32)
 
     # 3. generation with gathered weights: ranks decode different numbers of steps
     engine = HFRolloutEngine(model, [tokenizer.eos_token_id], tokenizer.pad_token_id, SamplingConfig(max_new_tokens=6 + 10 * rank))

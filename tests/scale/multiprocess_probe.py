@@ -70,7 +70,8 @@ class RankRecorder(L.Callback):
             torch.save(weights, os.path.join(self.out_dir, "weights.pt"))
         with open(os.path.join(self.out_dir, f"rank{rank}.json"), "w") as f:
             json.dump({"uids": self.uids, "weights": digest.hexdigest(), "world_size": trainer.world_size,
-                       "steps": trainer.global_step, "rollouts": self.rollouts}, f)
+                       "steps": trainer.global_step, "rollouts": self.rollouts,
+                       "vllm_cache_root": os.environ.get("VLLM_CACHE_ROOT")}, f)
 
 
 class ScriptedRewards(L.Callback):

@@ -40,6 +40,15 @@ def test_weight_iteration_over_shards_sends_every_tensor_whole(checks):
         assert rank["weights_missing"] == []
 
 
+def test_a_sync_to_a_bf16_engine_gathers_bf16(checks):
+    """The weight sync casts each shard to the engine's dtype before gathering (issue 42, review
+    item 7: it gathered the fp32 master weights, then cast): half the bytes, the same values."""
+    for rank in checks:
+        fp32_bytes, bf16_bytes = rank["sync_gathered_bytes"]
+        assert fp32_bytes > 0 and bf16_bytes * 2 == fp32_bytes
+        assert rank["sync_bf16_dtypes"] == ["torch.bfloat16"] and rank["sync_bf16_is_cast_after_gather"]
+
+
 @pytest.mark.slow
 def test_generation_with_gathered_weights_on_unequal_ranks(checks):
     for rank in checks:

@@ -45,6 +45,10 @@ def test_vllm_rollouts_follow_the_sharded_policy(runs, name):
     for r in ranks:  # each rank got its own rows back: 2 prompts x 8
         assert all(len(step["responses"]) == 16 for step in r["rollouts"])
     assert ranks[0]["rollouts"][0]["seeds"] != ranks[1]["rollouts"][0]["seeds"]
+    # each rank's engine compiles into a folder of its own (ranks of different tensor-parallel
+    # groups share vLLM's rank_<tp>_<dp> names: issue 42, review item 3)
+    roots = [r["vllm_cache_root"] for r in ranks]
+    assert roots[0].endswith("ibpo_lit_rank_0") and roots[1].endswith("ibpo_lit_rank_1"), roots
 
 
 @pytest.mark.slow
