@@ -106,6 +106,14 @@ def _keep_help_texts(parser) -> None:
             keep_help(argv, each.format_help())
 
 
+SEED_EVERYTHING_HELP = (
+    "The run's seed: Lightning seeds Python, NumPy and torch with it, and every random stream that "
+    "does not set its own seed takes it: sampling and a model built in code (model.rollout.seed), the "
+    "data order (data.seed, data.arithmetic.seed), CIW's random ablation, gradient variance's splits "
+    "(docs/configuration.md, Seeds). An int; true: Lightning's pick (PL_GLOBAL_SEED, else 0); false: "
+    "no global seeding, the streams take PL_GLOBAL_SEED or 0. A resumed fit keeps its checkpoint's.")
+
+
 class IBPOCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -113,6 +121,13 @@ class IBPOCLI(LightningCLI):
         ``predict_step``, which an RL policy does not have (``evaluate`` is ibpo-lit's test), and
         each subcommand's parser is built at every start."""
         return {name: skip for name, skip in LightningCLI.subcommands().items() if name in ("fit", "validate")}
+
+    def add_default_arguments_to_parser(self, parser) -> None:
+        super().add_default_arguments_to_parser(parser)
+        # Lightning's text ("True: a random seed") says neither what the knob decides here nor
+        # what Lightning 2.6 does with `true` (PL_GLOBAL_SEED, else 0).
+        action = next(a for a in parser._actions if a.dest == "seed_everything")
+        action.help = SEED_EVERYTHING_HELP
 
     def add_arguments_to_parser(self, parser) -> None:
         # Always present, so `<trainer.default_root_dir>/checkpoints/last.ckpt` exists;
