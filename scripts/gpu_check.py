@@ -1,206 +1,234 @@
-"""What one GPU does with ibpo-lit's training step: seconds per step, tokens/s, MFU, peak memory.
+"""What one GPU does with ibpo-lit's update and step, in stages, within a time budget.
 
-    python scripts/gpu_check.py --out gpu_check.json                     # on a GPU machine
-    python scripts/gpu_check.py --device cpu --shapes tiny --steps 2     # the same code, seconds, CPU
+    python scripts/gpu_check.py --budget-s 480                     # on the GPU machine (scripts/gpu_session.sh)
+    python scripts/gpu_check.py --device cpu --shapes tiny --row-tokens 64 128 --predict tiny-wide \\
+        --predict-row-tokens 128 --step-shape tiny --max-new-tokens 8 --budget-s 60   # the same code, CPU
 
-For sessions lent a GPU machine (no vLLM there, nothing to download): each model is a Qwen3
-built in code with the real shapes of Qwen3-0.6B and Qwen3-1.7B (vocabulary 151,936, tied
-embeddings) and random weights, trained by the real ``IBPOModule`` under
-``ibpo_lit.scale.FSDP2Strategy`` on one device with ``precision: bf16-mixed`` (FSDP2's mixed
-precision: bf16 compute, fp32 master weights and gradient reduction), gradient checkpointing,
-the HF rollout engine, GSPO + IBPO with ``CorrectionRollouts``: the whole step, rollouts and
-corrections included. Random weights answer nothing right, so rewards come from a hash of each
-response (half the rows right): the update then trains every row, as a real run's would.
+Stages, in this order, all in this one process (start-up is paid once; stage 3's fit test starts
+its own):
 
-Reported per model, over the steps after ``--warmup``: seconds per step and per update,
-generated and trained tokens per second, the peak memory allocated against the plan's
-(`python -m ibpo_lit plan`'s arithmetic for the same run, tensors only), MFU of the whole step and of the update alone
-(parameter FLOPs, ``ibpo_lit.algorithms.diagnostics.estimate_flops``: 2N per prefilled or
-generated token, 6N per trained token, attention not counted) against the device's dense bf16
-peak (H100/H200 SXM: 989 TFLOP/s; ``--peak-tflops`` for others), and the peak memory allocated.
-HF decoding is one token per forward, so the step's MFU is low by design; the update's is the
-trainer's.
+0. the environment: versions, the GPU, its free memory and the CUDA context's size, a matmul's
+   TFLOP/s, how long the imports took (and the custom-op registrations inside them), whether
+   sources were compiled; then the seconds from the process's start to its first update step;
+1. the update alone on fixed token rows (no rollouts) through ``IBPOModule``'s own update under
+   FSDP2 and the check's precision (bf16-mixed on a GPU), gradient checkpointing on: the
+   ``--shapes`` (Qwen3-0.6B and -1.7B) at each of ``--row-tokens`` (2k and 8k), always run; then
+   the plan is calibrated on their measured peaks (`ibpo_lit.plan.calibration`) and its
+   prediction for each ``--predict`` case (Qwen3-4B at 8k) is written down before that case
+   runs, as time and the GPU's memory allow. Each case: seconds per step, trained tokens/s, MFU
+   (6N per trained token, recomputation not counted, over every micro-batch's forward and
+   backward and the optimizer step; attention's FLOPs beside it), peak allocated and reserved
+   memory, each beside the plan's figure;
+2. one short whole step with the HF engine (rollouts, corrections, the update);
+3. ``pytest -m gpu`` in this process (the test that runs this script is left out).
+
+A case that cannot finish in the budget's time left (its estimate from what ran before) is
+skipped, and the JSON says why; the JSON is written after every case (and atomically), so a run
+cut off keeps what it measured. It records the project's commit (``IBPO_COMMIT`` where the
+checkout has no ``.git``), the device and the date; by default it is written to
+``results/gpu_check/<device>_<date>.json``.
+
+Models are Qwen3s built in code with the real shapes and random weights (no download); MFU is
+against the device's dense bf16 peak (H100/H200 SXM: 989 TFLOP/s; ``--peak-tflops`` for others;
+on the CPU, the matmul probe's rate).
 """
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
-import math
-import os
-import sys
 import time
-import zlib
-from functools import partial
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+T_SCRIPT = time.time()
 
-# Shapes of the Hugging Face checkpoints (their config.json), no weights.
-SHAPES = {
-    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
-    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=1, head_dim=32, vocab_size=1000, tie_word_embeddings=True),
-}
+import argparse  # noqa: E402
+import datetime  # noqa: E402
+import importlib.util  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path[:0] = [str(REPO), str(HERE)]
+
+from gpu_check_record import Budget, Record  # noqa: E402
+
 BF16_PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.1}
+GIB = 1024 ** 3
 
 
-def build_model(shape: str, seed: int = 0):
+def parse_args(argv):
+    from gpu_check_cases import SHAPES
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--budget-s", type=float, default=480.0,
+                   help="seconds from the process's start the check may use; the --shapes cases always run")
+    p.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3], choices=(1, 2, 3), help="stage 0 always runs")
+    p.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen3-1.7b"], choices=sorted(SHAPES),
+                   help="stage 1's calibration shapes (always run)")
+    p.add_argument("--row-tokens", type=int, nargs="+", default=[2048, 8192], help="their rows' lengths")
+    p.add_argument("--predict", nargs="*", default=["qwen3-4b"], choices=sorted(SHAPES),
+                   help="shapes the calibrated plan predicts before they run (as time allows)")
+    p.add_argument("--predict-row-tokens", type=int, nargs="+", default=[8192])
+    p.add_argument("--prompt-tokens", type=int, default=256, help="the prompt part of every row")
+    p.add_argument("--rows", type=int, default=8, help="rows a step trains (one optimizer step)")
+    p.add_argument("--micro-batch-size", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--steps", type=int, default=2, help="timed steps a case")
+    p.add_argument("--step-shape", default="qwen3-0.6b", choices=sorted(SHAPES), help="stage 2's model")
+    p.add_argument("--prompts", type=int, default=4, help="stage 2: prompts a step")
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--precision", default=None, help="default: bf16-mixed on a GPU, 32-true on the CPU "
+                   "(bf16 is emulated on CPUs without AVX-512 bf16)")
+    p.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of an unlisted device")
+    p.add_argument("--out", type=Path, default=None, help="the JSON file (default: --out-dir/<device>_<date>.json)")
+    p.add_argument("--out-dir", type=Path, default=REPO / "results" / "gpu_check")
+    args = p.parse_args(argv)
+    if min(args.row_tokens + args.predict_row_tokens) <= args.prompt_tokens:
+        p.error(f"every row must be longer than --prompt-tokens ({args.prompt_tokens}): it holds a response too")
+    args.precision = args.precision or ("bf16-mixed" if args.device == "cuda" else "32-true")
+    return args
+
+
+def timed_imports() -> dict:
+    """Import what the cases use, one layer at a time, with the seconds each took (the process's
+    first imports of torch, Lightning, transformers and ibpo-lit) and the custom operators torch
+    registered on the way (issue 42: 0.26 s each on the GPU machine)."""
+    out, start = {}, time.perf_counter()
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from torch._library import custom_ops
 
-    from ibpo_lit.models.tiny import IM_END, SPECIAL_TOKENS
+    out["torch_s"] = time.perf_counter() - start
+    ops_after_torch = len(custom_ops.OPDEFS)
+    register, later = custom_ops.CustomOpDef._register_to_dispatcher, []
 
-    eos = SPECIAL_TOKENS.index(IM_END)
-    config = Qwen3Config(**SHAPES[shape], max_position_embeddings=40960, rope_theta=1_000_000.0,
-                         eos_token_id=eos, pad_token_id=eos, bos_token_id=None, attention_dropout=0.0)
-    config.architectures = ["Qwen3ForCausalLM"]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return Qwen3ForCausalLM(config)
+    def timed_register(self, *a, **k):  # the ones registered after `import torch` (torch._dynamo's)
+        t = time.perf_counter()
+        try:
+            return register(self, *a, **k)
+        finally:
+            later.append(time.perf_counter() - t)
+
+    custom_ops.CustomOpDef._register_to_dispatcher = timed_register
+    try:
+        for key, names in (("lightning_s", ["lightning.pytorch"]), ("transformers_s", ["transformers"]),
+                           ("ibpo_lit_s", ["ibpo_lit.module", "ibpo_lit.scale", "callbacks"])):
+            t = time.perf_counter()
+            for name in names:
+                __import__(name)
+            out[key] = time.perf_counter() - t
+    finally:
+        custom_ops.CustomOpDef._register_to_dispatcher = register
+    out.update({
+        "custom_ops_registered_by_import_torch": ops_after_torch,
+        "custom_ops_registered_after": len(later), "custom_ops_after_s": sum(later),
+        "torch_dynamo_imported": "torch._dynamo" in sys.modules,
+        "torch_sources_compiled_ahead": os.path.exists(importlib.util.cache_from_source(torch.__file__)),
+        "ibpo_lit_sources_compiled_ahead": os.path.exists(importlib.util.cache_from_source(
+            str(REPO / "ibpo_lit" / "module.py"))),
+    })
+    return out
 
 
-def peak_tflops(device_name: str, override: float | None) -> float | None:
-    if override is not None:
-        return override
-    return next((v for k, v in BF16_PEAK_TFLOPS.items() if k in device_name), None)
-
-
-def run_shape(shape: str, args) -> dict:
-    import lightning as L
+def matmul_tflops(device: str) -> float:
+    """A square matmul's rate: bf16 8192 on a GPU, float32 512 on the CPU."""
     import torch
 
-    from callbacks import CorrectionRollouts
-    from ibpo_lit.algorithms.diagnostics import estimate_flops
-    from ibpo_lit.config import OptimConfig, RolloutConfig
-    from ibpo_lit.data.datamodule import PromptDataModule
-    from ibpo_lit.models.loading import BUILTIN_MODELS
-    from ibpo_lit.module import IBPOModule
-    from ibpo_lit.rollout.engine import SamplingConfig
-    from ibpo_lit.scale import FSDP2Strategy
-
-    name = f"gpu-check-{shape}"
-    BUILTIN_MODELS[name] = partial(build_model, shape)  # built in code on every rank (no files)
-
-    class HashRewards(L.Callback):
-        def on_rollouts_scored(self, trainer, pl_module, step):
-            step.rewards = torch.tensor([float(zlib.crc32(str(r).encode()) % 2) for r in step.rollouts.response_lists()])
-
-    class Record(L.Callback):
-        def __init__(self):
-            self.steps: list[dict] = []
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            stats = dataclasses.asdict(pl_module.step_stats)
-            stats["update_s"] = float(trainer.callback_metrics.get("timing/update_s", math.nan))
-            self.steps.append(stats)
-
-    on_gpu = args.device == "cuda"
-    module = IBPOModule(
-        model=name,
-        dtype="float32",
-        rollout=RolloutConfig(group_size=args.group_size, micro_batch_size=args.micro_batch_size,
-                              sampling=SamplingConfig(max_new_tokens=args.max_new_tokens)),
-        optim=OptimConfig(lr=1e-6, warmup_ratio=0.0),
-        gradient_checkpointing=True,
-    )
-    data = PromptDataModule(tokenizer=name, prompts_per_step=args.prompts, max_prompt_tokens=256)
-    record = Record()
-    trainer = L.Trainer(
-        accelerator="gpu" if on_gpu else "cpu", devices=1, strategy=FSDP2Strategy(),
-        precision="bf16-mixed", max_steps=args.warmup + args.steps, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[HashRewards(), CorrectionRollouts(), record],
-    )
-    if on_gpu:
-        torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    trainer.fit(module, data)
-    total_s = time.perf_counter() - start
-    n_params = sum(p.numel() for p in module.policy.parameters())
-    timed = record.steps[args.warmup:]
-    step_s = sum(s["step_seconds"] for s in timed) / len(timed)
-    update_s = sum(s["update_s"] for s in timed) / len(timed)
-    flops = [estimate_flops(n_params, s["prompt_tokens"] + s["correction_prompt_tokens"],
-                            s["generated_tokens"] + s["correction_tokens"], s["trained_tokens"],
-                            s["no_grad_tokens"]) for s in timed]
-    step_flops = sum(f["total"] for f in flops) / len(flops)
-    train_flops = sum(f["training"] for f in flops) / len(flops)
-    generated = sum(s["generated_tokens"] + s["correction_tokens"] for s in timed) / len(timed)
-    trained = sum(s["trained_tokens"] for s in timed) / len(timed)
-    device_name = torch.cuda.get_device_name() if on_gpu else "cpu"
-    peak = peak_tflops(device_name, args.peak_tflops)
-    planned = planned_peak_gib(module, data, trainer)
-    return {
-        "shape": shape,
-        "device": device_name,
-        "params": n_params,
-        "steps_timed": len(timed),
-        "step_s": step_s,
-        "update_s": update_s,
-        "generated_tokens_per_step": generated,
-        "trained_tokens_per_step": trained,
-        "generated_tokens_per_s": generated / step_s,
-        "trained_tokens_per_s": trained / update_s if update_s > 0 else math.nan,
-        "step_tflops": step_flops / step_s / 1e12,
-        "update_tflops": train_flops / update_s / 1e12 if update_s > 0 else math.nan,
-        "peak_bf16_tflops": peak,
-        "mfu_step": step_flops / step_s / (peak * 1e12) if peak else None,
-        "mfu_update": train_flops / update_s / (peak * 1e12) if peak and update_s > 0 else None,
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
-        "plan_peak_gib": planned,
-        "fit_s": total_s,
-    }
+    n, dtype = (8192, torch.bfloat16) if device == "cuda" else (512, torch.float32)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ a
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start, reps = time.perf_counter(), 5
+    for _ in range(reps):
+        a @ a
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return 2 * n ** 3 * reps / (time.perf_counter() - start) / 1e12
 
 
-def planned_peak_gib(module, data, trainer) -> dict[str, float]:
-    """What `python -m ibpo_lit plan` predicts for this run, per phase, in GiB of tensors (no
-    CUDA context or allocator overhead: ``torch.cuda.max_memory_allocated`` counts neither)."""
-    from ibpo_lit.plan.memory import GIB
-    from ibpo_lit.plan.plan import PlanSettings, build_plan
-    from ibpo_lit.plan.run import RunShape
-    from ibpo_lit.plan.shapes import ModelShape
+def stage0(args, budget: Budget) -> dict:
+    imports = timed_imports()
+    from gpu_check_cases import gpu_memory
 
-    plan = build_plan(ModelShape.from_config(module.policy.config), RunShape.from_fit(module, data, trainer),
-                      PlanSettings(overhead_gib=0.0, gpu_memory_gib=80.0))
-    return {phase.name: phase.total / GIB for phase in plan.phases}
+    import lightning
+    import torch
+    import transformers
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "lightning": lightning.__version__, "transformers": transformers.__version__,
+           "cpus": os.cpu_count(), "imports": imports,
+           "seconds_to_imports_done": time.time() - budget.start,
+           "script_started_after_s": T_SCRIPT - budget.start}
+    if args.device == "cuda":
+        torch.zeros(1, device="cuda")  # the context
+        props = torch.cuda.get_device_properties(0)
+        nccl = torch.cuda.nccl.version()
+        env.update(device=props.name, multiprocessors=props.multi_processor_count,
+                   cudnn=torch.backends.cudnn.version(), nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple)
+                   else str(nccl), memory_at_start=gpu_memory())
+    else:
+        env["device"] = "cpu"
+    env["matmul_tflops"] = matmul_tflops(args.device)
+    peak = args.peak_tflops or next((v for k, v in BF16_PEAK_TFLOPS.items() if k in env["device"]), None)
+    env["peak_tflops"], env["peak_source"] = (peak, "table or --peak-tflops") if peak else (env["matmul_tflops"],
+                                                                                              "matmul probe")
+    return env
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=["qwen3-0.6b", "qwen3-1.7b"], choices=sorted(SHAPES))
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps (after --warmup)")
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--prompts", type=int, default=4, help="prompts per step")
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--micro-batch-size", type=int, default=8)
-    parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of an unlisted device")
-    parser.add_argument("--out", default=None, help="JSON file for the results")
-    args = parser.parse_args(argv)
+def commit() -> dict:
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=20)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, timeout=20)
+        if head.returncode == 0:
+            return {"git_commit": head.stdout.strip(), "git_dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"git_commit": os.environ.get("IBPO_COMMIT", "unknown"), "git_dirty": None}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    budget = Budget(args.budget_s)
     if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            parser.error("no CUDA device: run on a GPU machine, or pass --device cpu")
+            print("gpu_check.py: no CUDA device: run on a GPU machine, or pass --device cpu", file=sys.stderr)
+            sys.exit(2)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    results = [run_shape(shape, args) for shape in args.shapes]
-    for r in results:
-        mfu = f"{r['mfu_update']:.1%}" if r["mfu_update"] is not None else "n/a"
-        memory = f"{r['peak_memory_gib']:.1f} GiB" if r["peak_memory_gib"] is not None else "n/a"
-        memory += f" (plan: {max(r['plan_peak_gib'].values()):.1f} GiB)"
-        print(f"{r['shape']}: {r['step_s']:.2f} s/step ({r['update_s']:.2f} s update), "
-              f"{r['generated_tokens_per_s']:.0f} generated tok/s, {r['trained_tokens_per_s']:.0f} trained tok/s, "
-              f"update MFU {mfu}, peak memory {memory}")
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    return results
+    env = stage0(args, budget)
+    date = datetime.datetime.now(datetime.timezone.utc)
+    out = args.out or args.out_dir / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', env['device'])}_{date:%Y-%m-%d}.json"
+    record = Record(out, {"schema": 1, **commit(), "device": env["device"], "date": date.isoformat(timespec="seconds"),
+                          "argv": sys.argv[1:] if argv is None else list(argv), "budget_s": args.budget_s,
+                          "process": {"pid": os.getpid(), "one_process": True,
+                                      "note": "stages 0-3 in this process (start-up paid once); stage 3's FSDP2 "
+                                              "test starts its own"},
+                          "stage0": env})
+    record.write()
+    print(f"stage 0: {env['device']}, imports {sum(v for k, v in env['imports'].items() if k.endswith('_s')):.1f} s, "
+          f"matmul {env['matmul_tflops']:.1f} TFLOP/s, writing {out}", flush=True)
+    from gpu_check_stages import Check
+
+    check = Check(args, budget, record, env)
+    for number in sorted(args.stages):
+        try:
+            getattr(check, f"stage{number}")()
+        except Exception as e:  # a stage's own failure: recorded, the next stage still runs
+            record.case({"name": f"stage{number}", "stage": number, "status": "failed",
+                         "reason": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]})
+    record.data["elapsed_s"] = budget.elapsed()
+    record.write(complete=True)
+    print(f"done in {budget.elapsed():.0f} s of {args.budget_s:.0f}: ran {len(record.data['ran'])}, skipped "
+          f"{len(record.data['skipped'])}, failed {len(record.data['failed'])} -> {out}", flush=True)
+    return record.data
 
 
 if __name__ == "__main__":

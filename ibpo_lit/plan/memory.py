@@ -5,32 +5,48 @@ A step's phases, and what lives on one GPU in each (``docs/scaling.md`` explains
 * **rollout** (and **corrections**, the same engine with longer prompts): the trainer's residue
   (its parameter and optimizer shards: gradients are freed after each step) and the vLLM
   engine, which takes ``gpu_memory_utilization`` of the GPU for its weights (``1/tp`` of the
-  model in the engine's dtype), a working reserve, and the KV cache in the rest. The HF engine
-  instead gathers the whole model (FSDP2) and keeps every sequence's cache at once.
-* **weight sync**: the residue, the engine's weights (awake without its KV cache), and the
-  largest tensor gathered in full and cast (the sync streams one tensor at a time).
-* **update**: sharded parameters, gradients and AdamW's two moments; the decoder layers
-  FSDP2 gathers (the current one, the prefetched next, the current one's full gradient before
-  its reduce-scatter) or an untied LM head with its gradient, whichever is larger; the
-  activations autograd keeps for the longest micro-batch (`ModelShape.activation_bytes`); the
-  log-prob head's chunk of logits (its value, float32 log-softmax and gradient: 10 bytes a
-  logit); a vLLM engine that does not sleep keeps its share.
+  model in the engine's dtype), a working reserve (`vllm_reserve`: what its profile run of
+  ``max_num_batched_tokens`` tokens and ``max_num_seqs`` sampled rows needs, plus a base), and
+  the KV cache in the rest. The HF engine instead gathers the whole model (FSDP2) and keeps
+  every sequence's cache at once.
+* **weight sync**: the residue, the engine's weights (awake without its KV cache), the largest
+  tensor gathered in full and cast (the sync streams one tensor at a time), and what a
+  sleeping engine keeps resident.
+* **update**: sharded parameters, gradients and AdamW's two moments, then the larger of two
+  moments (`update_moments`): the backward (the decoder layers FSDP2 gathers: the current one,
+  the prefetched next, the current one's full gradient before its reduce-scatter, or an untied
+  LM head with its gradient, whichever is larger; the activations autograd keeps for the
+  longest micro-batch, `ModelShape.activation_bytes`; autocast's weight copies saved for
+  backward; the log-prob head's chunk of logits: 10 bytes a logit over the micro-batch's
+  response positions, the only ones the head sees) or the optimizer step (foreach AdamW, torch's
+  kernel for FSDP2's DTensor shards on a GPU, makes one float32 temporary the size of the shard;
+  the fused kernel none). A vLLM engine that does not sleep keeps its share; one that sleeps
+  keeps its CUDA-graph pool and NCCL buffers.
 
-Every phase adds ``overhead_gib`` (CUDA context, NCCL buffers, the allocator's fragmentation).
+Every phase adds ``overhead_gib`` (CUDA context, NCCL buffers, the allocator's slack). The
+constants no GPU has measured are `ibpo_lit.plan.constants`'; `ibpo_lit.plan.calibration` fits
+the update's from measured peaks (`scripts/gpu_check.py`).
+
+Autocast copies: Lightning 2.6's precision plugin (``lightning/pytorch/plugins/precision/amp.py``,
+``autocast_context_manager``) runs ``torch.autocast(..., cache_enabled=False)``, so no bf16 copy
+of the weights outlives an op: the rollout and the sync hold none. In a forward with gradient
+each matmul still saves its bf16 weight copy for backward (checked with autograd's
+saved-tensor hooks, cache on or off), so the update holds them: every layer's without gradient
+checkpointing, the recomputed layer's with it. FSDP2's mixed precision gathers bf16 weights
+instead (the gathered units).
 """
 from __future__ import annotations
 
 from typing import Optional
 
+from ibpo_lit.plan import constants
 from ibpo_lit.plan.run import RunShape
 from ibpo_lit.plan.shapes import ModelShape
 
 GIB = 1024 ** 3
-VLLM_RESERVE_GIB = 2.0
-"""vLLM's own working memory inside its share (the profiled forward's activations, CUDA
-graphs, sampler): what is left after the weights and this is the KV cache."""
-LOGIT_BYTES = 10  # bf16 logit + float32 log-softmax + float32 gradient, per chunk position
 ADAMW_STATES = 2
+UPDATE_STATE = ("parameters", "optimizer (AdamW)", "gradients", "DDP gradient buckets")
+"""The update's persistent parts (the rest are its transients, or an engine's)."""
 
 
 def trainer_state(model: ModelShape, run: RunShape, with_grads: bool) -> dict[str, float]:
@@ -41,8 +57,6 @@ def trainer_state(model: ModelShape, run: RunShape, with_grads: bool) -> dict[st
         parts["gradients"] = share
         if not run.sharded and run.processes > 1:
             parts["DDP gradient buckets"] = share
-    if not run.sharded and run.compute_bytes < run.param_bytes:
-        parts["bf16 weight copies (autocast)"] = model.params * run.compute_bytes
     return parts
 
 
@@ -54,10 +68,29 @@ def engine_weights(model: ModelShape, run: RunShape) -> float:
     return model.params * run.engine_bytes / run.tensor_parallel
 
 
+def vllm_reserve(model: ModelShape, run: RunShape) -> float:
+    """vLLM's working memory inside its share, on one GPU: its profile run forwards
+    ``max_num_batched_tokens`` tokens (the widest activations of one layer live at once: the
+    residual stream and its norm, q/k/v and the attention output, the MLP's gate-up and
+    activation, tensor-parallel ones split) and samples ``max_num_seqs`` rows of float32 logits;
+    CUDA graphs and buffers are a base on top. What it measures is what the KV cache cannot use."""
+    tp, c = run.tensor_parallel, run.engine_bytes
+    per_token = c * (2 * model.hidden + (2 * model.q_width + 2 * model.kv_width + 3 * model.mlp_width) / tp)
+    sampler = run.max_num_seqs * model.vocab * 4 * constants.VLLM_SAMPLER_COPIES.value
+    return constants.VLLM_BASE_RESERVE_GIB.value * GIB + run.max_num_batched_tokens * per_token + sampler
+
+
 def kv_capacity_tokens(model: ModelShape, run: RunShape, device_bytes: float) -> float:
     """Tokens the engine's KV cache holds on one GPU (its share, less weights and reserve)."""
-    free = engine_share(run, device_bytes) - engine_weights(model, run) - VLLM_RESERVE_GIB * GIB
+    free = engine_share(run, device_bytes) - engine_weights(model, run) - vllm_reserve(model, run)
     return max(0.0, free) / model.kv_bytes_per_token(run.tensor_parallel, run.engine_bytes)
+
+
+def asleep(run: RunShape) -> dict[str, float]:
+    """What a sleeping vLLM engine keeps on the GPU (nothing for an engine that does not sleep)."""
+    if run.backend == "vllm" and run.sleep_mode and run.on_gpu:
+        return {"vLLM asleep (CUDA-graph pool, NCCL buffers)": constants.VLLM_ASLEEP_GIB.value * GIB}
+    return {}
 
 
 def rollout_memory(model: ModelShape, run: RunShape, device_bytes: float, sequences: int,
@@ -82,6 +115,7 @@ def sync_memory(model: ModelShape, run: RunShape) -> dict[str, float]:
     parts = trainer_state(model, run, with_grads=False)
     parts["engine weights"] = engine_weights(model, run)
     parts["one tensor gathered and cast"] = model.largest_tensor * (run.param_bytes + run.engine_bytes)
+    parts.update(asleep(run))
     return parts
 
 
@@ -96,21 +130,62 @@ def gathered_units(model: ModelShape, run: RunShape) -> float:
     return model.embed_params * run.compute_bytes + max(layer, model.embed_params * 4)
 
 
-def update_memory(model: ModelShape, run: RunShape, device_bytes: float, longest_row: int) -> dict[str, float]:
-    """One GPU in the update, for micro-batches of ``micro_batch_size`` rows of ``longest_row``."""
-    parts = trainer_state(model, run, with_grads=True)
-    parts["gathered units"] = gathered_units(model, run)
+def backward_transients(model: ModelShape, run: RunShape, longest_row: int) -> dict[str, float]:
+    """What the update's backward holds beside the trainer's state, for micro-batches of
+    ``micro_batch_size`` rows of ``longest_row`` tokens."""
+    parts = {"gathered units": gathered_units(model, run)}
     tokens = run.micro_batch_size * longest_row
     parts["activations (longest micro-batch)"] = model.activation_bytes(tokens, run.compute_bytes, run.checkpointing)
-    chunk = min(run.logprob_chunk_tokens or tokens, tokens)
-    parts["log-prob head chunk"] = chunk * model.vocab * LOGIT_BYTES
+    if not run.sharded and run.compute_bytes < run.param_bytes:  # see "Autocast copies" above
+        layers = model.layer_params if run.checkpointing else model.params
+        parts["autocast copies saved for backward"] = layers * run.compute_bytes
+    positions = run.micro_batch_size * min(longest_response(run), longest_row)
+    chunk = min(run.logprob_chunk_tokens or positions, positions)
+    parts["log-prob head chunk"] = chunk * model.vocab * constants.LOGIT_BYTES.value
+    return parts
+
+
+def optimizer_step_temporary(model: ModelShape, run: RunShape) -> float:
+    """AdamW's temporaries at its step: foreach makes one float32 list the size of the whole
+    shard (``exp_avg_sq.sqrt()``, torch/optim/adam.py ``_multi_tensor_adam``); the per-tensor
+    loop (CPU) one tensor's; the fused kernel none."""
+    if run.adamw_kernel == "foreach":
+        return model.params * run.param_bytes / run.shard_degree
+    if run.adamw_kernel == "single":
+        return model.largest_tensor * run.param_bytes / run.shard_degree
+    return 0.0
+
+
+def update_moments(model: ModelShape, run: RunShape, longest_row: int) -> tuple[dict[str, float], dict[str, float], float]:
+    """``(state, backward, step)``: the update's persistent parts, its backward's transients and
+    its optimizer step's temporary (bytes). Its peak is ``state + max(backward, step)``, the
+    shape `ibpo_lit.plan.calibration` fits."""
+    return (trainer_state(model, run, with_grads=True), backward_transients(model, run, longest_row),
+            optimizer_step_temporary(model, run))
+
+
+def update_memory(model: ModelShape, run: RunShape, device_bytes: float, longest_row: int) -> dict[str, float]:
+    """One GPU in the update (see the module docstring)."""
+    state, backward, step = update_moments(model, run, longest_row)
+    parts = {**state, **backward}
+    beyond = step - sum(backward.values())
+    if beyond > 0:  # the backward's transients are freed by then: only the excess counts
+        parts["AdamW step temporary beyond backward"] = beyond
     if run.backend == "vllm" and not run.sleep_mode and run.on_gpu:
         parts["vLLM engine (awake: no sleep mode)"] = engine_share(run, device_bytes)
+    parts.update(asleep(run))
     return parts
 
 
 def total(parts: dict[str, float], overhead_bytes: float) -> float:
     return sum(parts.values()) + overhead_bytes
+
+
+def longest_response(run: RunShape) -> int:
+    """The longest response the update trains (a correction's when corrections are trained)."""
+    if run.corrections and run.train_on_corrections:
+        return max(run.max_new_tokens, run.correction_new_tokens)
+    return run.max_new_tokens
 
 
 def longest_row(run: RunShape, context: Optional[int]) -> int:

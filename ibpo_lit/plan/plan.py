@@ -20,8 +20,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ibpo_lit.plan import memory
+from ibpo_lit.plan import constants, memory
 from ibpo_lit.plan.memory import GIB
+from ibpo_lit.plan.report import gib, render
 from ibpo_lit.plan.run import RunShape
 from ibpo_lit.plan.shapes import ModelShape
 
@@ -33,12 +34,14 @@ class PlanSettings:
     """The hardware the plan is for and what ``fit`` accepts (the ``plan:`` section of a config).
 
     Args:
-        gpu_memory_gib: Memory of one GPU; unset = the visible GPU's own, else 80 (an H100/A100 80 GB).
+        gpu_memory_gib: Memory of one GPU; unset = the visible GPU's own, else 79.2 (what an H100 80 GB
+            reports).
         peak_tflops: The GPU's dense bf16 peak; unset = the visible GPU's (H100/H200: 989), else 989.
         mfu: Share of that peak the update reaches (0.3 is typical of FSDP training of long rows).
         decode_tokens_per_s: Tokens per second one sequence decodes at in a full engine batch
             (a 32B model at TP4 on H100s: about 50-80).
-        overhead_gib: Per GPU outside any tensor: CUDA context, NCCL buffers, fragmentation.
+        overhead_gib: Per GPU outside any tensor: CUDA context, NCCL buffers, the allocator's slack
+            (not yet measured on a GPU: docs/scaling.md).
         min_candidate_fraction: The least share of a longest candidate (``max_new_tokens``) a
             correction prompt may keep; below it ``fit`` refuses (IBPO's comparison would see
             mostly omitted text).
@@ -50,7 +53,7 @@ class PlanSettings:
     peak_tflops: Optional[float] = None
     mfu: float = 0.3
     decode_tokens_per_s: float = 60.0
-    overhead_gib: float = 3.0
+    overhead_gib: float = constants.OVERHEAD_GIB.value
     min_candidate_fraction: float = 0.4
     check: bool = True
 
@@ -66,7 +69,7 @@ class PlanSettings:
 
 
 PEAK_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.1}
-DEFAULT_GPU_GIB, DEFAULT_PEAK = 80.0, 989.4
+DEFAULT_GPU_GIB, DEFAULT_PEAK = constants.H100_MEMORY_GIB.value, 989.4
 
 
 def device_numbers(settings: PlanSettings) -> tuple[float, float, str]:
@@ -118,7 +121,7 @@ class Plan:
             for phase in self.phases:
                 if not phase.fits:
                     out.append(f"plan: the {phase.name} phase needs {phase.total / GIB:.1f} GiB of the GPU's "
-                               f"{self.device_gib:.0f} GiB ({'; '.join([_largest(phase), *phase.notes])})")
+                               f"{gib(self.device_gib)} GiB ({'; '.join([_largest(phase), *phase.notes])})")
             if self.run.processes > 1 and self.needed_timeout_s > self.run.timeout_s:
                 out.append(
                     f"plan: a rank can wait {self.needed_timeout_s / TIMEOUT_MARGIN / 60:.0f} min in one collective "
@@ -135,8 +138,6 @@ class Plan:
         return out
 
     def render(self) -> str:
-        from ibpo_lit.plan.report import render
-
         return render(self)
 
 

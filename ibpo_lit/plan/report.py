@@ -1,7 +1,15 @@
 """The plan as text: what ``python -m ibpo_lit plan`` prints."""
 from __future__ import annotations
 
+import textwrap
+
+from ibpo_lit.plan.constants import unmeasured
 from ibpo_lit.plan.memory import GIB
+
+
+def gib(value: float) -> str:
+    """A GPU's memory as the plan prints it: 80, 79.2, 141."""
+    return f"{round(value, 1):g}"
 
 
 def _b(n: float) -> str:
@@ -19,7 +27,7 @@ def render(plan) -> str:
     strategy = f"FSDP2 over {r.processes}" if r.sharded else ("DDP" if r.processes > 1 else "one process")
     engine = f"vLLM TP{r.tensor_parallel}" if r.backend == "vllm" else "HF engine"
     lines = [
-        f"plan for {r.processes} GPU{'s' if r.processes > 1 else ''} of {plan.device_gib:.0f} GiB "
+        f"plan for {r.processes} GPU{'s' if r.processes > 1 else ''} of {gib(plan.device_gib)} GiB "
         f"({plan.device_source}), {strategy}, {engine}",
         f"model: {_b(m.params)} parameters, {_b(m.active_params)} active a token, largest layer {_b(m.layer_params)}, "
         f"context {plan.context or 'unknown'}",
@@ -56,4 +64,6 @@ def render(plan) -> str:
                  + "\n  - ".join(problems))
     if not r.on_gpu:
         lines.append("(trainer.accelerator is not a GPU: fit checks only the correction budget)")
+    lines.append("GPU constants no GPU has measured yet (ibpo_lit/plan/constants.py, docs/scaling.md):")
+    lines.extend(textwrap.wrap(", ".join(unmeasured()), width=100, initial_indent="  ", subsequent_indent="  "))
     return "\n".join(lines)

@@ -15,6 +15,10 @@ from typing import Any, Optional
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_TIMEOUT_S = 1800.0  # torch.distributed's (and Lightning's) default collective timeout
 VLLM_DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default when rollout.vllm.max_num_seqs is unset
+VLLM_PROFILE_TOKENS = 4096
+"""The profiler's batch when the config does not say (a VLLMConfig without
+``max_num_batched_tokens``, or a CPU run where vLLM's own default applies): the engine's pin on a
+GPU, as TRL's."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class RunShape:
     sleep_mode: bool  # model.rollout.vllm.enable_sleep_mode
     engine_bytes: int  # model.rollout.vllm.dtype
     max_num_seqs: int  # model.rollout.vllm.max_num_seqs
+    max_num_batched_tokens: int  # model.rollout.vllm.max_num_batched_tokens: vLLM's profiled batch
     max_model_len: Optional[int]  # model.rollout.vllm.max_model_len (vLLM only)
     group_size: int  # model.rollout.group_size
     prompts_per_rank: int  # data.prompts_per_step
@@ -38,6 +43,7 @@ class RunShape:
     extra_old_logp_forward: bool  # model.rollout.old_logp trainer with num_mini_batches > 1
     checkpointing: bool  # model.gradient_checkpointing
     logprob_chunk_tokens: Optional[int]  # model.logprob_chunk_tokens
+    adamw_kernel: str  # model.optim.fused: "fused", "foreach" (GPU) or "single" (the per-tensor loop)
     corrections: bool  # model.algorithm.ibpo.variant != none
     correction_new_tokens: int  # model.algorithm.ibpo.max_new_tokens (unset: the rollouts')
     corrections_per_input: int  # model.algorithm.ibpo.corrections_per_input
@@ -54,9 +60,12 @@ class RunShape:
         param_bytes = DTYPE_BYTES.get(module.dtype_name, 4)
         engine_dtype = rollout.vllm.dtype
         timeout = getattr(strategy, "_timeout", None) or getattr(strategy, "timeout", None)
+        on_gpu = str(getattr(trainer, "accelerator", "")).lower() in ("gpu", "cuda") or \
+            type(getattr(trainer, "accelerator", None)).__name__ == "CUDAAccelerator"
+        sharded = type(strategy).__name__ == "FSDP2Strategy" or strategy == "fsdp2"
         return cls(
             processes=_processes(trainer),
-            sharded=type(strategy).__name__ == "FSDP2Strategy" or strategy == "fsdp2",
+            sharded=sharded,
             param_bytes=param_bytes,
             compute_bytes=2 if precision.startswith(("bf16", "16")) else param_bytes,
             backend=rollout.backend,
@@ -65,6 +74,7 @@ class RunShape:
             sleep_mode=rollout.vllm.enable_sleep_mode,
             engine_bytes=param_bytes if engine_dtype == "auto" else DTYPE_BYTES[engine_dtype],
             max_num_seqs=rollout.vllm.max_num_seqs or VLLM_DEFAULT_MAX_NUM_SEQS,
+            max_num_batched_tokens=_profile_tokens(rollout.vllm, on_gpu),
             max_model_len=rollout.vllm.max_model_len if rollout.backend == "vllm" else None,
             group_size=rollout.group_size,
             prompts_per_rank=getattr(datamodule, "prompts_per_step", 1),
@@ -74,14 +84,14 @@ class RunShape:
             extra_old_logp_forward=rollout.old_logp == "trainer" and rollout.num_mini_batches > 1,
             checkpointing=bool(module.gradient_checkpointing),
             logprob_chunk_tokens=module.logprob_chunk_tokens,
+            adamw_kernel=_adamw_kernel(getattr(module.optim_cfg, "fused", None), sharded, on_gpu),
             corrections=ibpo.variant != "none",
             correction_new_tokens=ibpo.max_new_tokens or rollout.sampling.max_new_tokens,
             corrections_per_input=ibpo.corrections_per_input,
             two_candidates=getattr(ibpo, "reference", "correct") != "none",
             train_on_corrections=bool(ibpo.train_on_corrections),
             timeout_s=timeout.total_seconds() if isinstance(timeout, timedelta) else DEFAULT_TIMEOUT_S,
-            on_gpu=str(getattr(trainer, "accelerator", "")).lower() in ("gpu", "cuda") or
-            type(getattr(trainer, "accelerator", None)).__name__ == "CUDAAccelerator",
+            on_gpu=on_gpu,
         )
 
     @property
@@ -101,3 +111,20 @@ def _processes(trainer: Any) -> int:
     except (TypeError, ValueError):
         devices = 1
     return max(1, devices) * max(1, int(getattr(trainer, "num_nodes", 1) or 1))
+
+
+def _profile_tokens(vllm: Any, on_gpu: bool) -> int:
+    """The batch vLLM profiles its reserve with: ``VLLMConfig.batched_tokens`` where the config
+    has it, else `VLLM_PROFILE_TOKENS`."""
+    batched = getattr(vllm, "batched_tokens", None)
+    return (batched(on_gpu) if callable(batched) else None) or VLLM_PROFILE_TOKENS
+
+
+def _adamw_kernel(fused: Optional[bool], sharded: bool, on_gpu: bool) -> str:
+    """Which AdamW kernel steps (as `ibpo_lit.training.optimizer.use_fused_adamw` decides: fused
+    unless asked otherwise wherever the parameters are plain tensors, not FSDP2's DTensors);
+    otherwise torch's foreach kernel on a GPU and its per-tensor loop on the CPU."""
+    use_fused = fused if fused is not None else not sharded
+    if use_fused:
+        return "fused"
+    return "foreach" if on_gpu else "single"
