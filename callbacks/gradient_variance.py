@@ -44,7 +44,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from ibpo_lit.algorithms.diagnostics import gradient_variance
-from ibpo_lit.training.seeding import stream_seed
+from ibpo_lit.seeds import stream_seed
 from ibpo_lit.training.step_types import ScoredRollouts
 
 
@@ -60,7 +60,7 @@ class GradientVarianceLogger(Callback):
         max_params: Keep only the first this many selected parameter tensors (model order).
         seed: Base seed of the split; the split of step ``s`` depends on ``(seed, s)`` only,
             so a resumed run measures the same splits. Unset: ``seed_everything``'s (0 without
-            it; ``ibpo_lit.training.seeding``).
+            it; ``ibpo_lit.seeds``).
     """
 
     requires_single_process = True  # `ibpo_lit.config_checks` refuses it in a run of several processes

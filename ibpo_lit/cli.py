@@ -40,10 +40,10 @@ from ibpo_lit.help_cache import keep_help, kept_help
 from ibpo_lit.module import IBPOModule
 from ibpo_lit.plan.plan import PlanSettings
 from ibpo_lit.scale import strategy as _registers_fsdp2  # noqa: F401 - `trainer.strategy: fsdp2`
+from ibpo_lit.seeds import run_seed
 from ibpo_lit.tasks import task_for_rewards as _rewards_task
 from ibpo_lit.trainer import Trainer
 from ibpo_lit.training.checkpoint_io import AtomicCheckpointIO, run_state
-from ibpo_lit.training.seeding import run_seed
 
 # The module steps its optimizer itself, and a checkpoint after the step is exactly what resume
 # needs; Lightning's advice to stash pre-step weights does not apply.

@@ -310,7 +310,7 @@ class RolloutConfig:
         seed: Base of every per-rollout sampling seed (training, validation, corrections, a
             judge's questions), the mini-batch order's, and the weights of a model built in code
             (``tiny-llama``). Unset: ``seed_everything``'s (0 without it); set, it pins these
-            streams whatever ``seed_everything`` says (``ibpo_lit.training.seeding``).
+            streams whatever ``seed_everything`` says (``ibpo_lit.seeds``).
         tools: Tool-integrated rollouts: the policy may write a Python cell mid-solution, which
             runs in the code sandbox, its output appended as a tool turn (out of the loss) before
             generation resumes (``ToolConfig``; docs/tools.md). Unset = off.

@@ -58,6 +58,7 @@ from ibpo_lit.scale.collectives import RankSync
 from ibpo_lit.scale.fsdp2 import FSDP2Plan, fp32_rotary_buffers
 from ibpo_lit.scale.launch_env import export_rank_env
 from ibpo_lit.scale.strategy import sharding_plan
+from ibpo_lit.seeds import check_resumed_seeds, run_seed, stream_seed
 from ibpo_lit.tasks import get_task, scoring_pool
 from ibpo_lit.tool_use import with_tools
 from ibpo_lit.training.assemble import assemble_update
@@ -67,15 +68,7 @@ from ibpo_lit.training.group_filter import InformativeGroups
 from ibpo_lit.training.metric_reductions import reduction_of
 from ibpo_lit.training.optimizer import build_optimizer
 from ibpo_lit.training.rng_state import capture_rng_state, restore_rng_state
-from ibpo_lit.training.seeding import (
-    BENCHMARK_VALIDATION,
-    MAIN_ROLLOUTS,
-    VALIDATION,
-    check_resumed_seeds,
-    rollout_seeds,
-    run_seed,
-    stream_seed,
-)
+from ibpo_lit.training.seeding import BENCHMARK_VALIDATION, MAIN_ROLLOUTS, VALIDATION, rollout_seeds
 from ibpo_lit.training.step_metrics import StepClock, step_metrics
 from ibpo_lit.training.step_types import ScoredRollouts, StepStats
 from ibpo_lit.training.unscorable import UnscorableStreak
@@ -160,7 +153,7 @@ class IBPOModule(L.LightningModule):
         self.model_name = model
         self.dtype_name = dtype
         self.algorithm = algorithm
-        # The seeds this module samples with, decided once, now (`training.seeding`): the run's
+        # The seeds this module samples with, decided once, now (`ibpo_lit.seeds`): the run's
         # (seed_everything's) and model.rollout.seed, unset = the run's. Checkpoints record them.
         run = run_seed()
         self.rollout_cfg = replace(rollout, seed=stream_seed(rollout.seed, run))

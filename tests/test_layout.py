@@ -52,8 +52,8 @@ def _room(module: str) -> str:
 
 # Which rooms each room may import (besides itself): the arrows of docs/architecture.md, all
 # pointing down. Leaves that import nothing of ours: registry, errors, fsync, file_lock,
-# cache_dir, precision, config_keys.
-BASE = {"registry", "errors", "fsync", "file_lock", "cache_dir", "precision"}
+# cache_dir, precision, seeds, config_keys.
+BASE = {"registry", "errors", "fsync", "file_lock", "cache_dir", "precision", "seeds"}
 ALLOWED = {
     "algorithms": {"registry"},  # formulas: tensors in, tensors out
     "rewards": {"registry"},  # verifiers: strings in, scores out

@@ -1,5 +1,5 @@
 """``seed_everything`` decides every random stream unless the stream's own seed is set (issue 43,
-item 10; the rule is `ibpo_lit.training.seeding.stream_seed`).
+item 10; the rule is `ibpo_lit.seeds.stream_seed`).
 
 What is checked:
 - The rule: a stream's own seed wins; unset, ``seed_everything``'s (``PL_GLOBAL_SEED``); neither,
@@ -34,7 +34,7 @@ from ibpo_lit.data.records import Record
 from ibpo_lit.data.stream import RecordSource
 from ibpo_lit.models.tiny import build_tiny_tokenizer
 from ibpo_lit.module import IBPOModule
-from ibpo_lit.training.seeding import DEFAULT_SEED, SEED_ENV, check_resumed_seeds, run_seed, stream_seed
+from ibpo_lit.seeds import DEFAULT_SEED, SEED_ENV, check_resumed_seeds, run_seed, stream_seed
 
 TINY = os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.yaml")
 PARITY = """

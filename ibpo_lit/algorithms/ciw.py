@@ -130,7 +130,7 @@ class CIWConfig:
         conservation: Rescale each response's weights to mean 1 (redistribute credit
             without changing the effective learning rate).
         seed: Seed of the ``random`` ablation's draws (combined with the step). Unset:
-            ``seed_everything``'s (0 without it; ``ibpo_lit.training.seeding``).
+            ``seed_everything``'s (0 without it; ``ibpo_lit.seeds``).
         tokens_per_pass: Token budget of one scoring forward pass (sequences x padded
             length). Copies of several responses share a pass while they fit; all copies
             of one response are always in one pass, whatever the budget.

@@ -8,7 +8,7 @@ What is covered:
 - Determinism: problem ``index`` is drawn from its own RNG seeded by ``(seed, index)``, so a
   stream position alone fixes the problem (exact resume, any number of workers) and it does not
   depend on Python's hash seed. An unset ``seed`` is the stream of seed 0 here: the data module
-  resolves it first (unset: ``seed_everything``'s, `ibpo_lit.training.seeding`).
+  resolves it first (unset: ``seed_everything``'s, `ibpo_lit.seeds`).
 - The held-out stream (`held_out`) is an evaluation set: it follows an explicit ``seed`` only, so
   runs that differ in ``seed_everything`` validate on the same problems.
 - With ``allow_negative=False`` (the default) subtraction puts the larger operand first (two
@@ -24,7 +24,7 @@ import random
 from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
-from ibpo_lit.training.seeding import DEFAULT_SEED
+from ibpo_lit.seeds import DEFAULT_SEED
 
 Op = Literal["+", "-", "*"]
 OPS = ("+", "-", "*")

@@ -16,7 +16,7 @@ What is covered:
   about to use (Lightning prefetches one batch ahead, so the dataset's own iterator position would
   be one batch too far). A new iterator (next Lightning epoch, resume) continues from there.
 - Seeds: the training order's (``seed``, ``arithmetic.seed``; unset: ``seed_everything``'s,
-  `ibpo_lit.training.seeding`) are decided when the data module is built and travel in
+  `ibpo_lit.seeds`) are decided when the data module is built and travel in
   `state_dict`; fitting from a checkpoint of other seeds is refused rather than switching the
   order mid-run. The held-out arithmetic problems do not follow ``seed_everything``.
 
@@ -66,8 +66,8 @@ from ibpo_lit.data.val_benchmarks import (
     benchmark_prompts,
     check_unique_names,
 )
+from ibpo_lit.seeds import check_resumed_seeds, run_seed, stream_seed
 from ibpo_lit.tasks import ANSWER_INSTRUCTION, get_task
-from ibpo_lit.training.seeding import check_resumed_seeds, run_seed, stream_seed
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class PromptDataModule(L.LightningDataModule):
             the problem text, keep the template), or "error".
         seed: Seed of the per-epoch shuffle of a file or dataset source (``ibpo_lit.data.stream``);
             the arithmetic stream has its own ``arithmetic.seed``. Unset: ``seed_everything``'s (0
-            without it; ``ibpo_lit.training.seeding``).
+            without it; ``ibpo_lit.seeds``).
         num_workers: DataLoader worker processes; 0 keeps resume exact.
         code_format: Read ``train_path``/``val_path`` as a code benchmark: ``humaneval``,
             ``mbpp``, ``mbpp_sanitized`` or ``livecodebench`` (needs ``model.reward: code``, the

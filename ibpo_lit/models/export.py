@@ -108,7 +108,7 @@ def trained_policy(ckpt_path: str, model: Optional[str] = None, dtype: Optional[
         raise ValueError(f"{ckpt_path!r} does not say which model it was trained from: pass --model")
     dtype = dtype or hparams.get("dtype", "float32")
     # Built-in models are made from the run's seed: a LoRA checkpoint's base is that model. The
-    # seed the run resolved (`training.seeding`); older checkpoints: the configured rollout.seed.
+    # seed the run resolved (`ibpo_lit.seeds`); older checkpoints: the configured rollout.seed.
     rollout = hparams.get("rollout")
     seed = (rollout.get("seed", 0) if isinstance(rollout, dict) else getattr(rollout, "seed", 0)) or 0
     seed = (ckpt.get("ibpo_lit") or {}).get("seeds", {}).get("model.rollout.seed", seed)

@@ -54,7 +54,7 @@ from ibpo_lit.algorithms.ciw import (
 )
 from ibpo_lit.algorithms.logprobs import token_logprobs
 from ibpo_lit.rollout.batch import RolloutBatch
-from ibpo_lit.training.seeding import stream_seed
+from ibpo_lit.seeds import stream_seed
 
 
 # ------------------------------------------------------------------ tokens -> text
@@ -250,7 +250,7 @@ class CIWScorer:
     """
 
     def __init__(self, cfg: CIWConfig, tokenizer) -> None:
-        self.cfg = cfg if cfg.seed is not None else replace(cfg, seed=stream_seed(None))  # (`training.seeding`)
+        self.cfg = cfg if cfg.seed is not None else replace(cfg, seed=stream_seed(None))  # (`ibpo_lit.seeds`)
         self.tokenizer = tokenizer
         self.mask_id = mask_token_id(tokenizer, cfg)
         self.stop_ids = {int(t) for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None}

@@ -32,8 +32,8 @@ from ibpo_lit.models.lora import is_lora, reference_of
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.scale.collectives import SINGLE_PROCESS, RankSync
 from ibpo_lit.scale.fsdp2 import is_sharded
+from ibpo_lit.seeds import stream_seed
 from ibpo_lit.training.logprobs import response_logprobs, response_logprobs_and_entropy
-from ibpo_lit.training.seeding import stream_seed
 from ibpo_lit.training.step_types import StepStats, UpdateBatch
 
 
