@@ -307,6 +307,12 @@ class RolloutConfig:
         old_logp: Where ``pi_old`` comes from: ``trainer`` (the trained model's own forward,
             so rollout/trainer numerics cannot bias the ratio) or ``rollout`` (the engine's
             log-probs).
+        mismatch_every_n_steps: Measure ``rollout/logprob_mismatch`` (the engine's against the
+            trainer's log-probs of the sampled tokens, at the sampled weights) on every N-th
+            step; 0 = never. The rows a step trains measure it for free; a process with no
+            trainable row pays one extra no-grad forward of a micro-batch (under FSDP2, every
+            process does when any does), seconds at 30k-token rows: the large configs measure
+            every 10th step.
         seed: Base of every per-rollout sampling seed (training, validation, corrections, a
             judge's questions), the mini-batch order's, and the weights of a model built in code
             (``tiny-llama``). Unset: ``seed_everything``'s (0 without it); set, it pins these
@@ -323,6 +329,7 @@ class RolloutConfig:
     num_mini_batches: int = 1
     micro_batch_size: int = 8
     old_logp: Literal["trainer", "rollout"] = "trainer"
+    mismatch_every_n_steps: int = 1
     seed: Optional[int] = None
     tools: Optional[ToolConfig] = None
 
@@ -336,6 +343,8 @@ class RolloutConfig:
             raise ValueError(f"rollout.num_mini_batches must be >= 1, got {self.num_mini_batches}")
         if self.micro_batch_size < 1:
             raise ValueError(f"rollout.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.mismatch_every_n_steps < 0:
+            raise ValueError(f"rollout.mismatch_every_n_steps must be >= 0 (0 = never), got {self.mismatch_every_n_steps}")
         if self.backend not in ENGINES:
             raise ValueError(f"rollout.backend must be one of {', '.join(ENGINES.names())}, got {self.backend!r}")
 

@@ -77,6 +77,7 @@ class PolicyUpdate:
         self.nonfinite_run = 0
         self.nonfinite_total = 0
         self._mismatch = [0.0, 0.0]  # (sum of |engine - trainer| log-prob, tokens) of this step
+        self._measure_mismatch = False  # whether this step measures it (`run` decides)
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict[str, int]:
@@ -119,6 +120,8 @@ class PolicyUpdate:
         ``rollout/logprob_mismatch`` included."""
         cfg, device = self.rollout_cfg, self.runtime.device
         self.step_index, self._mismatch = step_index, [0.0, 0.0]
+        every = cfg.mismatch_every_n_steps
+        self._measure_mismatch = cfg.old_logp == "trainer" and every > 0 and step_index % every == 0
         batch = update.batch.to(device)
         advantages = update.advantages.to(device)
         token_weights = update.token_weights.to(device) if update.token_weights is not None else None
@@ -391,7 +394,9 @@ class PolicyUpdate:
     def _record_mismatch(self, trainer_logp: Tensor, batch: RolloutBatch) -> None:
         """Accumulate |engine log-prob - trainer log-prob| over the sampled tokens of ``batch``
         (``rollout/logprob_mismatch``: how far the engine's numerics, or stale weights, are
-        from the policy the ratio is computed against)."""
+        from the policy the ratio is computed against), on the steps that measure it."""
+        if not self._measure_mismatch:
+            return
         mask = batch.policy_mask
         diff = (trainer_logp.detach().float() - batch.rollout_logp[:, : trainer_logp.shape[1]]).abs()
         self._mismatch[0] += float((diff * mask).sum())
@@ -400,8 +405,10 @@ class PolicyUpdate:
     def _mismatch_without_trained_rows(self, batch: RolloutBatch, advantages: Tensor) -> None:
         """On-policy, a rank whose rows all have zero advantage forwards none of them, so the
         mismatch has no tokens there: one no-grad forward of a micro-batch measures it, before
-        the optimizer step (on every rank when forwards are collectives and any rank needs it)."""
-        if self.rollout_cfg.old_logp != "trainer":
+        the optimizer step (on every rank when forwards are collectives and any rank needs it).
+        Not on the steps that do not measure it (``rollout.mismatch_every_n_steps``): the step
+        index is every rank's, so every rank skips together."""
+        if not self._measure_mismatch:
             return
         every = torch.arange(len(batch), device=batch.prompt_ids.device)
         needed = len(batch) > 0 and len(self._trained_rows(every, batch, advantages)) == 0
@@ -418,8 +425,9 @@ class PolicyUpdate:
 
     def mismatch_metric(self) -> float:
         """The step's mean |engine - trainer| log-prob per sampled token, at the sampled weights
-        (NaN with ``rollout.old_logp: rollout``, where the trainer's are not computed)."""
-        if self.rollout_cfg.old_logp != "trainer":
+        (NaN with ``rollout.old_logp: rollout``, where the trainer's are not computed, and on
+        the steps ``rollout.mismatch_every_n_steps`` skips)."""
+        if not self._measure_mismatch:
             return math.nan
         return self._mismatch[0] / max(self._mismatch[1], 1.0)
 
