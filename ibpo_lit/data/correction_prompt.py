@@ -13,12 +13,18 @@ Long inputs: a correction prompt holds the problem and two whole responses, so w
 responses it can exceed the context. ``on_long_prompt`` decides: ``truncate`` shortens each
 candidate in its middle, keeping its opening and its end (where the final answer is) with a
 ``[... N tokens omitted ...]`` marker; ``skip`` gives up on that correction.
+
+Untrusted text: the problem (data) and the candidates (the policy's own responses) are text. A
+response that writes ``<|im_end|>\\n<|im_start|>system\\n...`` shows those characters in the
+correction prompt; it cannot close the user turn and open a system turn of its choosing
+(`ibpo_lit.models.untrusted_text`: only the chat template writes control tokens).
 """
 from __future__ import annotations
 
 import math
 from typing import Optional
 
+from ibpo_lit.models.untrusted_text import chat_ids, plain_ids, text_ids
 from ibpo_lit.tasks import CorrectionWording, get_task
 
 
@@ -48,7 +54,8 @@ class CorrectionPrompt:
         return get_task(task).correction_text(self.wording, problem, attempt, reference, instruction)
 
     def ids(self, tokenizer, prompt, attempt: str, reference: Optional[str]) -> list[int]:
-        """Token ids of the correction prompt, through the chat template when the tokenizer has one."""
+        """Token ids of the correction prompt, through the chat template when the tokenizer has
+        one; every quoted text stays text (the module docstring)."""
         text = self.text(prompt.problem, attempt, reference, prompt.meta.get("instruction"), task=prompt.task)
         if getattr(tokenizer, "chat_template", None):
             messages = []
@@ -56,10 +63,8 @@ class CorrectionPrompt:
                 messages.append({"role": "system", "content": prompt.meta["system_prompt"]})
             messages.append({"role": "user", "content": text})
             # The training prompt's template options (Qwen3's enable_thinking: false) hold here too.
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                 **prompt.meta.get("chat_template_kwargs", {}))
-            return tokenizer(text, add_special_tokens=False).input_ids
-        return tokenizer(text).input_ids
+            return chat_ids(tokenizer, messages, add_generation_prompt=True, **prompt.meta.get("chat_template_kwargs", {}))
+        return plain_ids(tokenizer, text)
 
     def bounded_ids(self, tokenizer, prompt, attempt: str, reference: Optional[str],
                     budget: Optional[int]) -> tuple[Optional[list[int]], bool]:
@@ -72,7 +77,7 @@ class CorrectionPrompt:
             return None, False
         over = len(ids) - budget
         texts = [attempt] if reference is None else [attempt, reference]
-        lengths = [len(tokenizer(t, add_special_tokens=False).input_ids) for t in texts]
+        lengths = [len(text_ids(tokenizer, t)) for t in texts]
         # Shorten each candidate in proportion to its length, with room for the markers.
         for extra in (16, 64, 256):
             cut = [math.ceil((over + extra) * n / max(sum(lengths), 1)) for n in lengths]
@@ -85,7 +90,7 @@ class CorrectionPrompt:
 
 def _cut_middle(tokenizer, text: str, drop: int) -> str:
     """``text`` without ``drop`` tokens from its middle, marked where they were."""
-    ids = tokenizer(text, add_special_tokens=False).input_ids
+    ids = text_ids(tokenizer, text)
     if drop <= 0:
         return text
     if drop >= len(ids):

@@ -15,6 +15,10 @@ What is covered:
   Without a chat template: the text form of the conversation (`conversation_text`) with the
   instruction appended; system messages are left out, as ``system_prompt`` is for a string.
 - The record's other fields ride along as ``Prompt.columns`` (what reward functions receive).
+- The problem is data, and data is text: a record whose problem (or a conversation's message)
+  writes ``<|im_end|>\\n<|im_start|>system\\n...`` shows those characters; only the chat template
+  writes control tokens (`ibpo_lit.models.untrusted_text`). The same holds for ``system_prompt``
+  and ``instruction``: a message's content is text, whoever wrote it.
 - Prompts longer than ``max_prompt_tokens``: "skip" (counted), "error", or "truncate", which
   shortens the problem text (keeping its start; in a conversation, the last user message) and
   re-renders, so the template and the generation prompt stay intact; the Prompt's ``problem`` is
@@ -30,6 +34,7 @@ from typing import Any, Literal
 
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.data.records import conversation_text
+from ibpo_lit.models.untrusted_text import chat_ids, plain_ids, text_ids
 
 LongPromptPolicy = Literal["truncate", "skip", "error"]
 LONG_PROMPT_POLICIES = ("truncate", "skip", "error")
@@ -55,44 +60,40 @@ class PromptBuilder:
             raise ValueError(f"on_long_prompt must be one of {LONG_PROMPT_POLICIES}, got {self.on_long_prompt!r}")
         self.use_chat_template = bool(getattr(self.tokenizer, "chat_template", None))
 
-    def render(self, problem: str, messages: list[dict] | None = None) -> str:
-        """The prompt text for ``problem`` (templated when the tokenizer has a chat template), or
-        for the conversation ``messages`` when given (see the module docstring)."""
+    def encode(self, problem: str, messages: list[dict] | None = None) -> list[int]:
+        """The prompt's token ids for ``problem``, or for the conversation ``messages`` when given
+        (see the module docstring); every message's content is text, only the chat template
+        writes control tokens (`ibpo_lit.models.untrusted_text`)."""
         if messages is not None:
-            return self._render_conversation(messages)
+            return self._encode_conversation(messages)
         user = f"{problem}\n\n{self.instruction}" if self.instruction else problem
         if not self.use_chat_template:
-            return user
+            return plain_ids(self.tokenizer, user)
         messages = [{"role": "user", "content": user}]
         if self.system_prompt:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                  **self.chat_template_kwargs)
+        return chat_ids(self.tokenizer, messages, add_generation_prompt=True, **self.chat_template_kwargs)
 
-    def _render_conversation(self, messages: list[dict]) -> str:
+    def _encode_conversation(self, messages: list[dict]) -> list[int]:
         messages = [dict(m) for m in messages]
         if self.instruction:
             last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
             messages[last_user]["content"] = f"{messages[last_user]['content']}\n\n{self.instruction}"
         if not self.use_chat_template:
-            return conversation_text(messages)
+            return plain_ids(self.tokenizer, conversation_text(messages))
         if self.system_prompt and not any(m["role"] == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         # A final assistant message is a start of the answer to continue (TRL's rule), so the
         # template must neither close it nor open a new assistant turn.
         prefill = messages[-1]["role"] == "assistant"
         kwargs = {"continue_final_message": True} if prefill else {}
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=not prefill, tokenize=False,
-                                                  **kwargs, **self.chat_template_kwargs)
+        return chat_ids(self.tokenizer, messages, add_generation_prompt=not prefill, **kwargs,
+                        **self.chat_template_kwargs)
 
     def system_prompt_of(self, messages: list[dict] | None) -> str | None:
         """The system message a prompt is rendered with: the conversation's own, else ``system_prompt``."""
         own = next((m["content"] for m in messages or [] if m["role"] == "system"), None)
         return own if own is not None else self.system_prompt
-
-    def encode(self, problem: str, messages: list[dict] | None = None) -> list[int]:
-        text = self.render(problem, messages)
-        return list(self.tokenizer(text, add_special_tokens=not self.use_chat_template)["input_ids"])
 
     def build(self, problem: str, gold: str | None, uid: str, columns: dict | None = None,
               messages: list[dict] | None = None) -> Prompt | None:
@@ -133,10 +134,10 @@ class PromptBuilder:
             def encode(cut: str) -> tuple[str, list[int]]:
                 shorter = [dict(m, content=cut) if i == last_user else m for i, m in enumerate(messages)]
                 return conversation_text(shorter), self.encode("", shorter)
-        text_ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        keep = len(text_ids) - (len(ids) - self.max_prompt_tokens)
+        pieces = text_ids(self.tokenizer, text)
+        keep = len(pieces) - (len(ids) - self.max_prompt_tokens)
         while keep > 0:
-            cut = self.tokenizer.decode(text_ids[:keep], skip_special_tokens=True)
+            cut = self.tokenizer.decode(pieces[:keep], skip_special_tokens=True)
             problem, ids = encode(cut)
             if len(ids) <= self.max_prompt_tokens:
                 return problem, ids

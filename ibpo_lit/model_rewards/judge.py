@@ -47,6 +47,7 @@ from typing import Callable, Optional
 
 from ibpo_lit.errors import ConfigError
 from ibpo_lit.model_rewards.context import ModelRewardContext
+from ibpo_lit.models.untrusted_text import chat_ids, plain_ids
 from ibpo_lit.registry import Registry
 from ibpo_lit.rollout.engine import SamplingConfig
 
@@ -283,10 +284,8 @@ class Judge:
         """The question as the judge's prompt: one user turn in its chat template, else as is."""
         tok = self.tokenizer
         if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                           add_generation_prompt=True)
-            return list(tok(text, add_special_tokens=False).input_ids)
-        return list(tok(question).input_ids)
+            return chat_ids(tok, [{"role": "user", "content": question}], add_generation_prompt=True)
+        return plain_ids(tok, question)
 
     def __call__(self, prompts: list[str], completions: list[str], gold: Optional[list] = None,
                  **_) -> list[Optional[float]]:

@@ -48,6 +48,7 @@ import torch
 
 from ibpo_lit.errors import ConfigError
 from ibpo_lit.model_rewards.context import ModelRewardContext
+from ibpo_lit.models.untrusted_text import chat_ids, plain_ids
 from ibpo_lit.models.loading import BUILTIN_MODELS, DTYPES, check_model_path, disable_dropout, resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -172,10 +173,8 @@ class RewardModel:
         """The token ids scored for one pair, before truncation (see the module docstring)."""
         tok = self.tokenizer
         if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template([{"role": "user", "content": problem},
-                                            {"role": "assistant", "content": response}], tokenize=False)
-            return list(tok(text, add_special_tokens=False).input_ids)
-        return list(tok(problem + response).input_ids)
+            return chat_ids(tok, [{"role": "user", "content": problem}, {"role": "assistant", "content": response}])
+        return plain_ids(tok, problem + response)
 
     def _bounded(self, ids: list[int]) -> Optional[list[int]]:
         if self.max_length is None or len(ids) <= self.max_length:

@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol, Sequence
 
+from ibpo_lit.models.untrusted_text import text_ids
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.rollout.engine import RolloutEngine, SamplingConfig, check_generate_args
 
@@ -286,9 +287,10 @@ class ToolRollouts(RolloutEngine):
 def tool_turn_ids(tokenizer, template: str, output: str) -> list[int]:
     """The token ids of the tool turn showing ``output``. A program's output is text: what it
     prints as a special token (``<|im_end|>``, a chat role marker) is split into ordinary
-    tokens, so a cell can neither end the rollout nor forge a turn of the chat template."""
+    tokens (`ibpo_lit.models.untrusted_text.text_ids`), so a cell can neither end the rollout nor
+    forge a turn of the chat template."""
     output = output if not output or output.endswith("\n") else output + "\n"
-    return tokenizer(template.format(output=output), add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return text_ids(tokenizer, template.format(output=output))
 
 
 def _logp_lists(batch: RolloutBatch) -> list[list[float]]:

@@ -98,8 +98,8 @@ class _CharTokenizer:
 
     chat_template = None
 
-    def __call__(self, text, add_special_tokens=True):
-        return SimpleNamespace(input_ids=[ord(c) for c in text])
+    def __call__(self, text, add_special_tokens=True, split_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}  # no special tokens: nothing to split
 
     def decode(self, ids):
         return "".join(chr(i) for i in ids)
