@@ -7,10 +7,16 @@ output is ``ibpo_lit.rollout.tools.ToolRollouts``; this module knows nothing of 
 
 What is covered:
     * State within one rollout only, by replay: a rollout's earlier cells run first, silently
-      (their output discarded, their exceptions swallowed), then its newest one, all in one fresh
-      sandbox. Variables, imports and functions carry over between the turns of one rollout;
-      nothing carries over between rollouts, and every call starts from a clean interpreter,
-      so a cell cannot leave anything behind for another rollout or for the rewards.
+      (their exceptions swallowed, and fds 1 and 2 on /dev/null while they run, so nothing they
+      write shows, however written: print, sys.__stdout__, os.write(1, ...), a child process),
+      then its newest one, all in one fresh sandbox. Variables, imports and functions carry over
+      between the turns of one rollout; nothing carries over between rollouts, and every call
+      starts from a clean interpreter, so a cell cannot leave anything behind for another
+      rollout or for the rewards.
+    * Repeatable output: ``random`` is seeded (0) before the first cell, so a replayed cell draws
+      what it drew the first time; the sandbox fixes the hash seed and turns address
+      randomization off (box.py). The same cells give the same bytes, as resume and the
+      one-versus-two-process equality need.
     * Jupyter's display rule: when a cell ends with an expression, its ``repr`` is printed (None
       prints nothing), what tool-integrated math recipes (ToRA, the code-interpreter recipes
       of verl and SGLang) show a model.
@@ -22,8 +28,10 @@ What is covered:
 
 What is not covered:
     * A persistent interpreter: replay re-runs earlier cells, so their time counts again and a
-      cell whose effect is random or time-dependent may replay differently. A cell that ends the
-      interpreter (``os._exit``) during replay ends the later cells too (they print nothing).
+      cell whose effect depends on the clock or the kernel's entropy (os.urandom, secrets, a
+      random.Random of its own) may replay differently; a thread an earlier cell left running
+      prints into later output. A cell that ends the interpreter (``os._exit``) during replay
+      ends the later cells too (they print nothing).
     * Only the standard library (the sandbox hides site-packages): no numpy or sympy.
 
 Why our own and not a library's (e.g. a Jupyter kernel, which TRL's and verl's examples start on
@@ -70,14 +78,39 @@ def replay_program(cells: Sequence[str]) -> str:
 # Names start with _ibpo_ so a cell's own names never collide with the wrapper's; they are removed
 # before the newest cell runs, so it sees only the rollout's own.
 _REPLAY = '''\
-import ast as _ibpo_ast, contextlib as _ibpo_c, io as _ibpo_io, sys as _ibpo_sys, traceback as _ibpo_tb
+import ast as _ibpo_ast, os as _ibpo_os, random as _ibpo_random, sys as _ibpo_sys, traceback as _ibpo_tb
 _ibpo_sys.stdout.reconfigure(line_buffering=True)  # a cell cut off by its limit keeps what it printed
-for _ibpo_i, _ibpo_s in enumerate({earlier!r}):
-    with _ibpo_c.redirect_stdout(_ibpo_io.StringIO()), _ibpo_c.redirect_stderr(_ibpo_io.StringIO()):
-        try:
-            exec(compile(_ibpo_s, "<cell %d>" % (_ibpo_i + 1), "exec"), globals())
-        except BaseException:
-            pass
+_ibpo_random.seed(0)  # every call draws the same numbers: a replayed cell draws what it drew the first time
+def _ibpo_silently(cells, g, os=_ibpo_os, sys=_ibpo_sys):
+    # fds 1 and 2 lead to /dev/null while the earlier cells run, so nothing they write reaches the
+    # output however it is written: print, sys.__stdout__, os.write(1, ...), a child process.
+    streams = sys.stdout, sys.stderr
+    saved = os.dup(1), os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+    quiet = open(os.devnull, "w")  # sys.stdout and sys.stderr of the earlier cells
+    try:
+        for i, source in enumerate(cells):
+            sys.stdout = sys.stderr = quiet
+            try:
+                exec(compile(source, "<cell %d>" % (i + 1), "exec"), g)
+            except BaseException:
+                pass
+            for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__, *streams):
+                try:
+                    stream.flush()  # what a cell left buffered goes to /dev/null now, not into later output
+                except BaseException:
+                    pass
+            sys.stdout, sys.stderr = streams
+    finally:
+        quiet.close()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+_ibpo_silently({earlier!r}, globals())
 def _ibpo_run(source, name, ast=_ibpo_ast, sys=_ibpo_sys, tb=_ibpo_tb):
     g = globals()
     try:

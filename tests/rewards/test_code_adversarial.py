@@ -21,6 +21,7 @@ import pytest
 
 from ibpo_lit.rewards import CodeTests, SandboxPool
 from ibpo_lit.rewards.code import detect_isolation
+from ibpo_lit.rewards.sandbox.box import SANDBOX_UID
 
 GOOD = "def add(a, b):\n    return a + b\n"
 TESTS = ["assert add(1, 2) == 3", "assert add(-4, 9) == 5"]
@@ -218,7 +219,7 @@ def test_reading_the_trainers_environment(pool, isolated, monkeypatch):
         "import os\n"
         "def sources():\n"
         "    found = [v for v in os.environ.values()]\n"
-        "    for pid in os.listdir('/proc'):\n"
+        "    for pid in (os.listdir('/proc') if os.path.isdir('/proc') else []):\n"  # (the sandbox has none)
         "        for name in ('environ', 'cmdline'):\n"
         "            try:\n                found.append(open(f'/proc/{pid}/{name}', 'rb').read().decode('latin-1'))\n"
         "            except Exception:\n                pass\n"
@@ -273,8 +274,10 @@ def test_spawning_processes_that_linger(pool, isolated, spawn):
     }
     program = calls[spawn] + (
         "import os, time\ntime.sleep(0.2)\n"
-        "def lingering():\n"
-        f"    return [p for p in os.listdir('/proc') if p.isdigit() and b'{marker}' in open(f'/proc/{{p}}/cmdline', 'rb').read()]\n"
+        "def alive(pid):\n    try:\n        os.kill(pid, 0)\n        return True\n"
+        "    except ProcessLookupError:\n        return False\n"
+        "def lingering():\n"  # a process past bwrap's init (1) and the program (2): no /proc to read its name in
+        "    return [p for p in range(3, 1000) if alive(p)]\n"
         "def add(a, b):\n    return 0\n"
     )
     _contained(pool, program, {"fail"}, marker=marker, proofs=["assert lingering()"], entries=("add", "lingering"))
@@ -289,7 +292,8 @@ def test_ctypes(pool, isolated):
         "    return a + b if libc.setuid(0) == 0 and libc.setgid(0) == 0 else None\n"
         "def getuid():\n    return libc.getuid()\n"
     )
-    _contained(pool, program, {"fail"}, proofs=["assert getuid() >= 2 ** 20"], entries=("add", "getuid"))
+    # the sandbox's own uid (the host's is the run's fresh one: test_detected_isolation_as_root)
+    _contained(pool, program, {"fail"}, proofs=[f"assert getuid() == {SANDBOX_UID}"], entries=("add", "getuid"))
     _contained(pool, "import ctypes\nctypes.string_at(0)\n", {"error"})  # a segfault
 
 
@@ -298,8 +302,8 @@ def test_killing_the_parent(pool, isolated):
         "import os, signal\n"
         f"for pid in (os.getppid(), {os.getpid()}, {os.getppid()}, 1, -1):  # not 0: its own group is suicide\n"
         "    try:\n        os.kill(pid, signal.SIGKILL)\n    except Exception:\n        pass\n"
-        "for pid in filter(str.isdigit, os.listdir('/proc')):\n"  # all but itself (bwrap's init among them)
-        "    try:\n        int(pid) != os.getpid() and os.kill(int(pid), signal.SIGKILL)\n    except Exception:\n        pass\n"
+        "for pid in range(1, 1000):\n"  # all but itself (bwrap's init among them)
+        "    try:\n        pid != os.getpid() and os.kill(pid, signal.SIGKILL)\n    except Exception:\n        pass\n"
         "def add(a, b):\n    return 0\n"
         "def alive():\n    return True\n"
     )

@@ -348,24 +348,65 @@ def test_an_unusable_sandbox_is_a_clear_error():
         probe(broken)
 
 
+def _sandbox_uids(run) -> set[int]:
+    """The host's uids of this process's sandboxed programs (not their judges), seen from the host
+    while ``run()`` is under way."""
+    import threading
+
+    seen, done = set(), threading.Event()
+
+    def watch():
+        while not done.is_set():
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/cgroup") as f:
+                        cgroups = f.read()
+                    with open(f"/proc/{pid}/status") as f:
+                        status = f.read()
+                except OSError:
+                    continue
+                if f"ibpo_sandbox/{os.getpid()}-" in cgroups and "-judge" not in cgroups:
+                    seen.add(int(status.split("Uid:")[1].split()[0]))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        run()
+    finally:
+        done.set()
+        watcher.join()
+    return seen
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the per-run uid needs root")
 def test_detected_isolation_as_root():
+    from ibpo_lit.rewards.sandbox.box import SANDBOX_UID
+
     iso = detect_isolation()
     assert iso.bwrap and iso.per_run_uid
-    program = ("import os\n"
+    if "pids" not in iso.cgroups:
+        pytest.skip("the sandbox's processes are found on the host by their pids cgroup")
+    program = ("import os, time\n"
                "def who():\n    return os.getuid(), os.getgid(), os.getgroups(), os.getcwd(), sorted(os.environ)\n"
-               "def pids():\n    return sorted(p for p in os.listdir('/proc') if p.isdigit())\n"
-               "def root():\n    return sorted(os.listdir('/'))\n")
-    tests = ["uid, gid, groups, cwd, env = who()\nassert uid == gid >= 2 ** 20 and groups == [] and cwd == '/tmp'",
-             "assert who()[4] == ['HOME', 'LANG', 'LC_ALL', 'OMP_NUM_THREADS', 'PATH', 'PWD']",
-             "assert pids() == ['1', '2']",  # bwrap's init and the program: nothing of the host
-             "assert set(root()) <= {'bin', 'dev', 'etc', 'lib', 'lib32', 'lib64', 'libx32', 'proc', 'root', 'sbin', "
-             "'tmp', 'usr'}"]
+               "def proc():\n    return os.path.exists('/proc')\n"
+               "def root():\n    return sorted(os.listdir('/'))\n"
+               "def hold():\n    time.sleep(1.0)\n    return 1\n")
+    tests = [f"assert who()[:4] == ({SANDBOX_UID}, {SANDBOX_UID}, [], '/tmp')",
+             "assert set(who()[4]) - {'LD_LIBRARY_PATH'} == {'HOME', 'LANG', 'LC_ALL', 'OMP_NUM_THREADS', 'PATH', "
+             "'PWD', 'PYTHONHASHSEED', 'PYTHONSAFEPATH'}",
+             "assert not proc()",  # no /proc: nothing of bwrap's or the mounts' sources (test_sandbox_host.py)
+             "assert set(root()) <= {'bin', 'dev', 'etc', 'lib', 'lib32', 'lib64', 'libx32', 'opt', 'sbin', 'tmp', "
+             "'usr'}",
+             "assert hold() == 1"]
     uids = []
     for _ in range(2):
-        r = run_tests(program, [*tests, "uid = who()[0]\nassert False, str(uid)"], remote=("who", "pids", "root"))
-        assert r.tests == ("pass",) * 4 + ("fail",), r.detail
-        uids.append(int(r.detail.rsplit(" ", 1)[-1]))
+        results = []
+        seen = _sandbox_uids(lambda: results.append(
+            run_tests(program, tests, remote=("who", "proc", "root", "hold"))))
+        assert results[0].tests == ("pass",) * 5, results[0].detail
+        assert len(seen) == 1 and min(seen) >= 2 ** 20, seen  # the host's uid: the run's own
+        uids.append(seen.pop())
     assert uids[0] != uids[1]  # a fresh uid per run: no kernel state keyed by uid carries over
 
 

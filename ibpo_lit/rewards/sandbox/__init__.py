@@ -8,5 +8,6 @@
 - ``pool.py``: `SandboxPool`, a bounded number of runs at a time, with status counts.
 
 ``judge.py``, ``box.py``, ``child.py`` and ``wire.py`` import only the standard library: they run as
-``python -I -S -c <source>``. Nothing is imported here, so importing one of them stays cheap.
+``python -I -S -c <source>`` (the judge) or ``python -s -S -c <source>`` (the sandboxed child, whose
+environment is the sandbox's own). Nothing is imported here, so importing one of them stays cheap.
 """

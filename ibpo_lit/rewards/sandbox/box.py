@@ -3,10 +3,18 @@
 Runs in the judge (source text after wire.py, before judge.py; standard library only).
 
 What is covered:
-- `Sandbox.start`: ``bwrap ... -- python -I -S -c <child source> PLAN`` (`bwrap_argv`) in a new
-  session, with the rlimits, the cgroup membership and a parent-death signal applied between
-  fork and exec (safe: the judge is single-threaded), SIGALRM held off during the spawn, and the
-  child's "ready" awaited. A child that dies or says "fatal" before it is ready is an `InfraError`.
+- `Sandbox.start`: ``bwrap ... -- python -s -S -c <child source> PLAN`` (`bwrap_argv`) in a new
+  session, with the rlimits, the cgroup membership, address randomization off and a
+  parent-death signal applied between fork and exec (safe: the judge is single-threaded),
+  SIGALRM held off during the spawn, and the child's "ready" awaited. A child that dies or says
+  "fatal" before it is ready is an `InfraError`.
+- Nothing of the host in the sandbox (`bwrap_argv`, `interpreter_view`): no /proc; the
+  interpreter at neutral paths (`SANDBOX_PREFIX`) when it lives outside /usr, its sysconfig data
+  rewritten to say so, every package directory hidden; the same environment (`_ENV`), uid
+  (`SANDBOX_UID`), hostname, pid (2) and working directory on every host and in every run.
+- The same output for the same program: a fixed hash seed (``PYTHONHASHSEED``, which ``-I``
+  would ignore) and no address randomization, so sets of strings, ``id()`` and default reprs
+  repeat from run to run. The clock and the kernel's entropy (``os.urandom``) do not.
 - `Sandbox.op`: one request, one reply, matched by sequence number; the reply decoded as data
   (wire.py, bounded in bytes, items and depth) or re-raised here as the program's exception: a
   builtin exception type by name (so ``except ValueError`` in a test works), else `RemoteError`;
@@ -29,16 +37,19 @@ What is covered:
   and ``fcntl``'s locks, leases, notifications and signal owners (a channel between concurrent
   sandboxes on shared inodes), ``ptrace`` and ``process_vm_*`` (tracing the sandbox's init to
   remove its death signal), ``fallocate`` (disk not bounded by the file-size limit),
-  ``perf_event_open``, ``bpf``, ``userfaultfd``, ``kcmp`` and the file-handle calls; every
+  ``perf_event_open``, ``bpf``, ``userfaultfd``, ``kcmp``, the file-handle calls and
+  ``statmount``/``listmount`` (a mount's source: the host directory bound there); every
   other ABI (i386 and x32 on x86_64) fails whole. x86_64 and aarch64 (elsewhere: no filter,
   and `Isolation` reports it).
 - `Sandbox.close`: SIGKILL bwrap's process group (its init is the PID namespace's pid 1, whose
   death kills every process of the program), then empty the run's cgroups.
 """
 import builtins
+import collections
 import ctypes
 import errno
 import functools
+import glob
 import json
 import os
 import platform
@@ -59,8 +70,22 @@ if __name__ != "__main__":  # imported (tests); at launch the source of wire.py 
         write_frame,
     )
 
+# The sandbox's whole environment, the same on every host (bwrap --clearenv, then these): nothing of
+# the trainer's. PYTHONHASHSEED fixes the order of sets of strings (a program's output is then a
+# function of the program); it is why the interpreter runs with -s -S, not -I, which ignores it
+# (the environment is ours alone, so -I's -E had nothing else to keep out). PYTHONSAFEPATH is
+# -I's -P: the working directory is not on sys.path.
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": "/tmp",
-        "OMP_NUM_THREADS": "1"}
+        "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "PYTHONSAFEPATH": "1"}
+PYTHON_FLAGS = ("-s", "-S")
+# Where an interpreter installed outside /usr (pyenv, conda, uv, a build of one's own) appears in
+# the sandbox, so that no path of the host is in sys.executable, sys.prefix, sys.path or a
+# module's __file__; a second prefix, if the interpreter has one, at SANDBOX_PREFIX + "-2".
+SANDBOX_PREFIX = "/opt/python"
+# The program's uid and gid inside its user namespace: the same in every run and on every host
+# (the kernel's own uid, outside, is still the run's fresh one as root, the caller's otherwise).
+SANDBOX_UID = 1000
+_ADDR_NO_RANDOMIZE = 0x0040000  # personality(2): the sandbox's addresses (id(), reprs) repeat run to run
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _PR_SET_PDEATHSIG = 1
 
@@ -97,6 +122,7 @@ def _prepare_child(limits, cgroup_procs):
             f.write("0")  # cgroup v1: 0 is the writer itself
     for res, soft, hard in limits:
         _set_limit(res, soft, hard)
+    _LIBC.personality(_LIBC.personality(0xFFFFFFFF) | _ADDR_NO_RANDOMIZE)  # kept across exec: bwrap and the program
     _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
@@ -115,29 +141,29 @@ class Sandbox:
         c_r, self.w = os.pipe()
         self.r, c_w = os.pipe()
         plan = {"mode": self.mode, "fds": [c_r, c_w], "max_frame": self.max_frame,
-                "workdir": None if spec["isolation"]["bwrap"] else self._workdir()}
-        rules = seccomp_filter() if spec["isolation"]["bwrap"] else None
-        seccomp_fd = None
-        if rules is not None:  # a pipe holds the few hundred bytes: bwrap reads them at start
-            seccomp_fd, w = os.pipe()
-            os.write(w, rules)
-            os.close(w)
-        argv = [*spec["isolation"]["launcher"], *bwrap_argv(spec, seccomp_fd),
-                spec["python"], "-I", "-S", "-c", spec["child_src"], json.dumps(plan)]
+                "workdir": None if spec["isolation"]["bwrap"] else self._workdir(),
+                "stdin_file": bool(spec["isolation"]["bwrap"]) and self.mode == "stdin"}
+        seccomp_fd, files, python = None, [], spec["python"]
+        if spec["isolation"]["bwrap"]:  # what bwrap reads at start: the filter, the files it writes in
+            rules = seccomp_filter()
+            seccomp_fd = None if rules is None else _data_fd(rules)
+            view = interpreter_view(spec)
+            files, python = [(_data_fd(data), path) for path, data in view.files], view.python
+        argv = [*spec["isolation"]["launcher"], *bwrap_argv(spec, seccomp_fd, files), python, *PYTHON_FLAGS, "-c",
+                spec["child_src"], json.dumps(plan)]
+        passed = [c_r, c_w, *([] if seccomp_fd is None else [seccomp_fd]), *(fd for fd, _ in files)]
         piped = subprocess.PIPE if self.mode == "stdin" else subprocess.DEVNULL
         limits, procs = self.run.limits, self.run.cgroup_procs
         old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])  # no Deadline mid-spawn
         try:
             self.proc = subprocess.Popen(
-                argv, pass_fds=(c_r, c_w) if seccomp_fd is None else (c_r, c_w, seccomp_fd), stdin=self.stdin if self.stdin is not None else subprocess.DEVNULL,
+                argv, pass_fds=passed, stdin=self.stdin if self.stdin is not None else subprocess.DEVNULL,
                 stdout=piped, stderr=piped, env=dict(_ENV), cwd="/", start_new_session=True,
                 preexec_fn=lambda: _prepare_child(limits, procs),
             )
         finally:
-            os.close(c_r)
-            os.close(c_w)
-            if seccomp_fd is not None:
-                os.close(seccomp_fd)
+            for fd in passed:
+                os.close(fd)
             signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a pending Deadline fires now; close() can kill
         try:
             msg = read_frame(self.r, self.max_frame)
@@ -244,20 +270,25 @@ class Sandbox:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def bwrap_argv(spec, seccomp_fd=None):
+def bwrap_argv(spec, seccomp_fd=None, files=()):
     """``bwrap ... --`` for one sandbox: every namespace new, nothing of the host writable, and of
-    the host's files only what the interpreter needs (its prefix, /usr and the libraries' links);
-    the prefix's site-packages hidden (the trainer's dependencies are not the program's); the
-    seccomp filter read from ``seccomp_fd``. Empty without bwrap (`Isolation.none`)."""
+    the host's files only what the interpreter needs (/usr, the libraries' links, the interpreter
+    at neutral paths: `interpreter_view`), with every Python package directory hidden (the
+    trainer's dependencies are not the program's); the seccomp filter read from ``seccomp_fd``;
+    ``files`` (descriptor, path) written into the sandbox read-only. Empty without bwrap
+    (`Isolation.none`).
+
+    No ``/proc``: a process reads there the sources of its mounts (the host directories bound in:
+    /proc/self/mountinfo names them whatever the mount points are called) and the command line,
+    executable and libraries of every process of its namespace, bwrap's own included (its path,
+    and all of this argv). /dev/stdin is a copy of the input instead (child.py)."""
     iso = spec["isolation"]
     if not iso["bwrap"]:
         return []
+    view = interpreter_view(spec)
     tmpfs = str(spec["tmpfs_mb"] << 20)
-    argv = [iso["bwrap"], "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--hostname", "sandbox"]
-    if spec.get("uid") is not None:
-        argv += ["--uid", str(spec["uid"]), "--gid", str(spec["uid"])]
-    argv += ["--ro-bind", "/usr", "/usr"]
+    argv = [iso["bwrap"], "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--hostname", "sandbox", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--ro-bind", "/usr", "/usr"]
     for path in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(path):
             argv += ["--symlink", os.readlink(path), path]
@@ -265,18 +296,93 @@ def bwrap_argv(spec, seccomp_fd=None):
             argv += ["--ro-bind", path, path]
     if os.path.isfile("/etc/ld.so.cache"):  # where the dynamic loader finds multiarch libraries
         argv += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
-    for prefix in spec["prefixes"]:
-        if not _under(prefix, "/usr"):
-            argv += ["--ro-bind", prefix, prefix]
-    for hidden in spec["hidden"]:
+    argv += view.mounts
+    for hidden in view.hidden:
         argv += ["--tmpfs", hidden]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--size", tmpfs, "--tmpfs", "/tmp",
-             "--size", tmpfs, "--tmpfs", "/dev/shm", "--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
-    for key, value in _ENV.items():
+    for fd, path in files:
+        argv += ["--ro-bind-data", str(fd), path]
+    argv += ["--dev", "/dev", "--size", tmpfs, "--tmpfs", "/tmp", "--size", tmpfs, "--tmpfs", "/dev/shm",
+             "--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
+    for key, value in {**_ENV, **view.env}.items():
         argv += ["--setenv", key, value]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
     return [*argv, "--"]
+
+
+_View = collections.namedtuple("_View", "python mounts hidden files env")
+
+
+def interpreter_view(spec):
+    """How the interpreter appears in the sandbox, so that no path of the host does:
+
+    - ``python``: its path there. An interpreter under /usr is where it is (the distribution's
+      paths are no one's); one installed elsewhere has its ``lib`` (the standard library, its
+      extension modules and their libraries) and its binary bound at `SANDBOX_PREFIX`, where it
+      finds its prefix as it would at home (the landmarks beside the binary), so sys.executable,
+      sys.prefix, sys.path and every module's __file__ name only `SANDBOX_PREFIX`.
+    - ``mounts``: those binds (bwrap arguments);
+    - ``hidden``: directories covered by an empty tmpfs: every site-packages and dist-packages of
+      the interpreter and of /usr (the trainer's packages), and the build configuration
+      (``config-*``: the Makefile names the host prefix; nothing at run time reads it);
+    - ``files``: (path, bytes) written over the sysconfig data (``_sysconfigdata_*.py``, which
+      ``sysconfig.get_config_var("prefix")`` reads): the same data with the host prefix replaced;
+    - ``env``: ``LD_LIBRARY_PATH`` when the interpreter keeps a shared libpython in its ``lib``
+      (pyenv's binary finds it by an absolute host path, which is not in the sandbox).
+
+    Not hidden: the interpreter's compiled files still hold the directory it was built for (the
+    binary's and libpython's strings, the .pyc files' source names): a program that reads those
+    bytes learns where a pyenv, conda or self-built interpreter lives. docs/sandbox.md says so."""
+    return _view(spec["python"], tuple(spec["prefixes"]), tuple(spec["hidden"]))
+
+
+@functools.lru_cache(maxsize=None)  # the same for every sandbox a judge starts
+def _view(python, prefixes, hidden):
+    outside = [p for p in dict.fromkeys(os.path.normpath(p) for p in prefixes) if not _under(p, "/usr")]
+    outside.sort(key=lambda p: not _under(python, p))  # the interpreter's own prefix is SANDBOX_PREFIX
+    names = {p: SANDBOX_PREFIX + ("" if i == 0 else f"-{i + 1}") for i, p in enumerate(outside)}
+    longest_first = sorted(names, key=len, reverse=True)
+
+    def inside(path):
+        for p in longest_first:
+            if _under(path, p):
+                return names[p] + path[len(p):]
+        return path
+
+    mounts, covered, files, env = [], set(hidden), [], {}
+    for p in outside:
+        for sub in ("lib", "lib64"):
+            host = os.path.join(p, sub)
+            if os.path.islink(host):
+                mounts += ["--symlink", os.readlink(host), inside(host)]
+            elif os.path.isdir(host):
+                mounts += ["--ro-bind", host, inside(host)]
+        covered.update(glob.glob(os.path.join(p, "lib*", "python3*", "config-*")))
+        for data_file in glob.glob(os.path.join(p, "lib*", "python3*", "_sysconfig*")):
+            with open(data_file, "rb") as f:
+                data = original = f.read()
+            for q in longest_first:
+                data = data.replace(q.encode(), names[q].encode())
+            if data != original:
+                files.append((inside(data_file), data))
+        if glob.glob(os.path.join(p, "lib", "libpython3*.so*")):
+            env["LD_LIBRARY_PATH"] = inside(os.path.join(p, "lib"))
+    if not _under(python, "/usr"):
+        mounts += ["--ro-bind", python, inside(python)]
+    for root in ("/usr/lib", "/usr/local/lib"):
+        covered.update(glob.glob(os.path.join(root, "python3*", "site-packages")))
+        covered.update(glob.glob(os.path.join(root, "python3*", "dist-packages")))
+    return _View(inside(python), mounts, sorted(inside(h) for h in covered if os.path.isdir(h)), files, env)
+
+
+def _data_fd(data):
+    """A descriptor bwrap reads ``data`` from (a memory file, at offset 0: any size, no pipe to fill)."""
+    fd = os.memfd_create("bwrap-data", os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 # ------------------------------------------------------------------ the seccomp filter
@@ -288,6 +394,7 @@ DENIED_SYSCALLS = {
     "fanotify_init": (300, 262), "fanotify_mark": (301, 263), "flock": (73, 32), "fallocate": (285, 47),
     "perf_event_open": (298, 241), "bpf": (321, 280), "userfaultfd": (323, 282), "kcmp": (312, 272),
     "name_to_handle_at": (303, 264), "open_by_handle_at": (304, 265),
+    "statmount": (457, 457), "listmount": (458, 458),  # a mount's source: the host directory bound there
 }
 _FCNTL_NR = (72, 25)
 # fcntl commands refused: locks, leases, directory notifications, signal-driven I/O's owner

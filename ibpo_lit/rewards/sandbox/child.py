@@ -1,6 +1,6 @@
 """The sandboxed interpreter: confine itself, then run the untrusted program.
 
-Started by the judge as ``bwrap ... -- python -I -S -c <wire.py + this file> PLAN_JSON``, with
+Started by the judge as ``bwrap ... -- python -s -S -c <wire.py + this file> PLAN_JSON``, with
 the rlimits and the cgroup already applied by the judge before exec, and the namespaces, the
 read-only file system view, the uid and the parent-death chain set up by bwrap (`bwrap_argv` in
 box.py). Standard library only (see wire.py for why).
@@ -9,6 +9,9 @@ What is covered (stage 1, trusted, before any untrusted code):
 - No new privileges (``PR_SET_NO_NEW_PRIVS``): no setuid binary can raise the program's rights.
 - ``exit``/``quit`` builtins (``-S`` skips the site module that defines them); cwd and HOME /tmp
   (the sandbox's own tmpfs), or the judge's temporary directory when there are no namespaces.
+- In bwrap's sandbox, for ``stdin`` programs: /dev/stdin a read-only copy of the input (there is
+  no /proc for bwrap's /dev/stdin link to lead to). /dev/stdout, /dev/stderr and /dev/fd lead
+  nowhere: a program writes to sys.stdout or fd 1.
 
 Then one of two modes:
 - ``serve``: a request loop on two inherited pipes. The judge asks it to load the program, to
@@ -52,6 +55,26 @@ def confine(plan):
     os.chdir(plan["workdir"] or "/tmp")
     os.environ["HOME"] = plan["workdir"] or "/tmp"
     builtins.exit, builtins.quit = _Quitter("exit"), _Quitter("quit")
+    if plan.get("stdin_file"):
+        _stdin_as_file()
+
+
+def _stdin_as_file():
+    """/dev/stdin as a read-only copy of the input on fd 0 (the sandbox has no /proc, so bwrap's
+    link to /proc/self/fd/0 leads nowhere): ``open('/dev/stdin')`` reads the input from its start,
+    as reopening fd 0 through /proc would. fd 0's own offset does not move."""
+    size = os.fstat(0).st_size
+    os.unlink("/dev/stdin")
+    fd = os.open("/dev/stdin", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+    try:
+        done = 0
+        while done < size:
+            sent = os.sendfile(fd, 0, done, size - done)
+            if sent == 0:
+                break
+            done += sent
+    finally:
+        os.close(fd)
 
 
 # ------------------------------------------------------------------ serve mode (untrusted from here)

@@ -1,7 +1,7 @@
 """Framing and a data-only codec for the pipes between the judge and the sandboxed program.
 
 This file runs in three places: imported in the trainer (tests), and as source text prepended to
-`judge.py` and `child.py`, which run as ``python -I -S -c``. So it imports only the standard
+`judge.py` and `child.py`, which run as ``python -I -S -c`` (``-s -S``). So it imports only the standard
 library, defines no ``from __future__`` line, and nothing in it names the package.
 
 What is covered:
