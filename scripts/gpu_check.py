@@ -39,9 +39,9 @@ import time
 T_SCRIPT = time.time()
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import importlib.util  # noqa: E402
-import math  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
 import re  # noqa: E402
@@ -153,6 +153,42 @@ def matmul_tflops(device: str) -> float:
     return 2 * n ** 3 * reps / (time.perf_counter() - start) / 1e12
 
 
+def sdpa_probe() -> dict:
+    """Milliseconds a call of decode-like attention takes (bf16, 32 rows x 16 heads x 128, one
+    query against its cache), when every call has a new cache length (as HF decoding has: a
+    backend that builds a plan per shape pays it each time) and when the length repeats; with
+    torch's default backends and with cuDNN's left out. Issue 42: the first 528 SDPA calls of a
+    run took 10.9 s."""
+    import statistics
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def calls(lengths) -> list[float]:
+        out = []
+        for n in lengths:
+            q = torch.randn(32, 16, 1, 128, device="cuda", dtype=torch.bfloat16)
+            kv = torch.randn(32, 16, n, 128, device="cuda", dtype=torch.bfloat16)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            F.scaled_dot_product_attention(q, kv, kv)
+            torch.cuda.synchronize()
+            out.append(1000 * (time.perf_counter() - start))
+        return out
+
+    result = {"cudnn_sdp_enabled": torch.backends.cuda.cudnn_sdp_enabled(),
+              "flash_sdp_enabled": torch.backends.cuda.flash_sdp_enabled()}
+    without_cudnn = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    for label, backends, base in (("default", None, 300), ("without_cudnn", without_cudnn, 400)):
+        with sdpa_kernel(backends) if backends else contextlib.nullcontext():
+            new = calls(range(base, base + 40))
+            same = calls([base] * 40)
+        result[label] = {"new_shape_ms": {"first": new[0], "median": statistics.median(new), "max": max(new)},
+                         "same_shape_ms": {"median": statistics.median(same[1:]), "max": max(same[1:])}}
+    return result
+
+
 def stage0(args, budget: Budget) -> dict:
     imports = timed_imports()
     from gpu_check_cases import gpu_memory
@@ -173,6 +209,10 @@ def stage0(args, budget: Budget) -> dict:
         env.update(device=props.name, multiprocessors=props.multi_processor_count,
                    cudnn=torch.backends.cudnn.version(), nccl=".".join(map(str, nccl)) if isinstance(nccl, tuple)
                    else str(nccl), memory_at_start=gpu_memory())
+        try:  # a probe: its failure is a finding, not the check's end
+            env["sdpa"] = sdpa_probe()
+        except Exception as e:
+            env["sdpa"] = {"error": f"{type(e).__name__}: {e}"}
     else:
         env["device"] = "cpu"
     env["matmul_tflops"] = matmul_tflops(args.device)
@@ -214,7 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
                           "stage0": env})
     record.write()
     print(f"stage 0: {env['device']}, imports {sum(v for k, v in env['imports'].items() if k.endswith('_s')):.1f} s, "
-          f"matmul {env['matmul_tflops']:.1f} TFLOP/s, writing {out}", flush=True)
+          f"matmul {env['matmul_tflops']:.3g} TFLOP/s, writing {out}", flush=True)
     from gpu_check_stages import Check
 
     check = Check(args, budget, record, env)

@@ -80,6 +80,7 @@ class Record:
             with os.fdopen(fd, "w") as f:
                 json.dump(_finite(self.data), f, indent=1)
                 f.write("\n")
+            os.chmod(tmp, 0o644)  # (mkstemp's file is the owner's alone)
             os.replace(tmp, self.path)
         except BaseException:
             if os.path.exists(tmp):

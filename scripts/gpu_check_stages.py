@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import os
-import time
 import traceback
 from pathlib import Path
 from typing import Optional
@@ -58,6 +57,8 @@ class Check:
         self.estimator = Estimator(env["matmul_tflops"])
         self.plans: dict[str, dict] = {}
         self.decisions: dict[str, dict] = {}  # a started case's entry so far, by name
+        # the --shapes x --row-tokens cases: always run, and the calibration's
+        self.required = {f"update/{shape}/{length}" for shape in args.shapes for length in args.row_tokens}
         self.measured: list = []  # calibration's UpdateCase of every measured --shapes case
         self.calibration = None  # a Calibration, once fitted
         self.calibrated = False
@@ -86,8 +87,11 @@ class Check:
                     self.record.write()
             except Exception as e:  # the case running failed; the model's later cases did not run
                 reason = f"{type(e).__name__}: {e}"
+                recorded = {c["name"] for c in self.record.data["cases"]}
                 for g in pending:
-                    if g.name in self.decisions and g.name not in self.record.data["ran"]:
+                    if g.name in recorded:
+                        continue
+                    if g.name in self.decisions:
                         self.record.case({**self.decisions[g.name], "status": "failed", "reason": reason[:2000],
                                           "traceback": traceback.format_exc()[-4000:]})
                     elif g.name not in self.decisions:
@@ -112,7 +116,7 @@ class Check:
         plan = self._plan(group)
         estimate = self.estimator.update_case(plan["model"].params, group, with_setup)
         entry = {"name": group.name, "stage": 1, "estimate_s": estimate, "time_left_s": self.budget.left()}
-        if group.shape not in self.args.shapes:  # a predicted case: the prediction comes first
+        if group.name not in self.required:  # a predicted case: the prediction comes first
             prediction = self._predict(group, plan)
             total = (self.env.get("memory_at_start") or {}).get("total_gib")
             if total and prediction["device_gib"] > total:
@@ -143,7 +147,7 @@ class Check:
             errors = {k: (prediction[k] - peak) / peak for k in ("peak_allocated_gib", "uncalibrated_peak_allocated_gib")}
             entry["prediction_error"] = errors
             entry["prediction_within_15_percent"] = abs(errors["peak_allocated_gib"]) <= 0.15
-        if group.shape in self.args.shapes and peak:
+        if group.name in self.required and peak:
             self.measured.append(UpdateCase(group.name, **plan["moments"], measured=peak * GIB))
         self.record.case(entry)
         self.estimator.learn(figures["params"], figures["trained_tokens_per_step"], figures["mean_step_s"],

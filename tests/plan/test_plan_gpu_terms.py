@@ -83,7 +83,8 @@ def test_the_update_peak_is_state_plus_the_larger_moment(micro_batch_size):
 def test_the_shipped_configs_read_their_profile_batch_and_optimizer_kernel():
     plan = plan_for_config(["--config", str(CONFIGS / "qwen3_32b.yaml")])
     assert plan.run.max_num_batched_tokens == 4096 and plan.run.adamw_kernel == "foreach"
-    wide = plan_for_config(["--config", str(CONFIGS / "qwen3_32b.yaml"), "--model.rollout.vllm.max_num_batched_tokens", "16384"])
+    wide = plan_for_config(["--config", str(CONFIGS / "qwen3_32b.yaml"),
+                            "--model.rollout.vllm.max_num_batched_tokens", "16384"])
     assert wide.run.max_num_batched_tokens == 16384
     assert memory.vllm_reserve(wide.model, wide.run) > memory.vllm_reserve(plan.model, plan.run)
 

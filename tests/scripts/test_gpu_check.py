@@ -146,3 +146,16 @@ def test_gpu_check_refuses_a_machine_without_cuda(tmp_path):
     done = subprocess.run([sys.executable, "scripts/gpu_check.py", "--shapes", "tiny", "--out", str(tmp_path / "x.json")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no CUDA device" in done.stderr
+
+
+@pytest.mark.slow
+def test_the_session_script_writes_the_check_under_out(tmp_path):
+    """scripts/gpu_session.sh, the GPU session's one command, on the CPU (no wheels here)."""
+    env = {**os.environ, "OUT": str(tmp_path), "IBPO_BUDGET_S": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(["bash", "scripts/gpu_session.sh", *TINY[:11], "--predict"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("cpu_*.json")]
+    assert result["complete"] and result["ran"] == ["update/tiny/48", "update/tiny/96"]
+    assert "import time:" in (tmp_path / "gpu_check_stderr.txt").read_text()  # the import tree comes back
+    assert "update/tiny/48:" in (tmp_path / "gpu_check_stdout.txt").read_text() and "exit 0" in done.stdout
