@@ -48,8 +48,8 @@ import builtins
 import collections
 import ctypes
 import errno
+import fnmatch
 import functools
-import glob
 import json
 import os
 import platform
@@ -357,22 +357,31 @@ def _view(python, prefixes, hidden):
                 mounts += ["--symlink", os.readlink(host), inside(host)]
             elif os.path.isdir(host):
                 mounts += ["--ro-bind", host, inside(host)]
-        covered.update(glob.glob(os.path.join(p, "lib*", "python3*", "config-*")))
-        for data_file in glob.glob(os.path.join(p, "lib*", "python3*", "_sysconfig*")):
+        covered.update(_matching(p, "lib*", "python3*", "config-*"))
+        for data_file in _matching(p, "lib*", "python3*", "_sysconfig*"):
             with open(data_file, "rb") as f:
                 data = original = f.read()
             for q in longest_first:
                 data = data.replace(q.encode(), names[q].encode())
             if data != original:
                 files.append((inside(data_file), data))
-        if glob.glob(os.path.join(p, "lib", "libpython3*.so*")):
+        if _matching(p, "lib", "libpython3*.so*"):
             env["LD_LIBRARY_PATH"] = inside(os.path.join(p, "lib"))
     if not _under(python, "/usr"):
         mounts += ["--ro-bind", python, inside(python)]
     for root in ("/usr/lib", "/usr/local/lib"):
-        covered.update(glob.glob(os.path.join(root, "python3*", "site-packages")))
-        covered.update(glob.glob(os.path.join(root, "python3*", "dist-packages")))
+        covered.update(_matching(root, "python3*", "*-packages"))
     return _View(inside(python), mounts, sorted(inside(h) for h in covered if os.path.isdir(h)), files, env)
+
+
+def _matching(root, *parts):
+    """Paths under ``root`` whose components match ``parts`` (fnmatch patterns): glob's work
+    without importing glob (and contextlib), a few milliseconds of every judge's start."""
+    paths = [root]
+    for part in parts:
+        paths = [os.path.join(p, name) for p in paths if os.path.isdir(p)
+                 for name in sorted(os.listdir(p)) if fnmatch.fnmatchcase(name, part)]
+    return paths
 
 
 def _data_fd(data):
