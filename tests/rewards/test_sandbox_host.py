@@ -12,7 +12,8 @@ the checkout, the working directory, HOME and a secret in the trainer's environm
 
 Guards shown off: no namespaces (`Isolation.none`: the probe finds the trainer's prefix), /proc
 mounted (mountinfo names the prefix's host directory, /proc/1/cmdline bwrap's), no seccomp filter
-(statmount names it), the sysconfig data not rewritten (``sysconfig.get_config_var('prefix')``).
+(statmount names it), the sysconfig data not rewritten (``sysconfig.get_config_var('prefix')``),
+the build configuration not hidden (its Makefile and pkg-config files, read as text).
 Where the interpreter and bwrap are both under /usr, those arms have nothing to find and skip.
 
 Not covered (docs/sandbox.md): the interpreter's own compiled files (the binary's strings, .pyc
@@ -40,11 +41,11 @@ PROBE = r'''
 import ctypes, json, os, struct, sys, traceback
 MARKERS = json.loads(%r)
 found = {}
-def look(name, text):
+def look(name, text, markers=MARKERS):
     parts = name.split("/")  # every process past pid 1 under one name: /proc/*/cmdline
     if name.startswith("/proc/") and parts[2].isdigit() and parts[2] != "1":
         name = "/proc/*/" + parts[3]
-    found[name] = sorted({*found.get(name, ()), *(m for m in MARKERS if m in text)})
+    found[name] = sorted({*found.get(name, ()), *(m for m in markers if m in text)})
 def read(path):
     with open(path, "rb") as f:
         return f.read().decode("latin-1")
@@ -86,6 +87,21 @@ for top, dirs, files in os.walk("/"):
         path = os.path.join(top, n)
         names.append(path + (" -> " + os.readlink(path) if os.path.islink(path) else ""))
 look("tree", repr(names))
+texts = []  # every text file of the interpreter's (binaries and .pyc files are not covered)
+for top, dirs, files in os.walk(sys.prefix):
+    dirs[:] = [d for d in dirs if not d.endswith("-packages")]  # empty in the sandbox; huge outside
+    for n in files:
+        try:
+            with open(os.path.join(top, n), "rb") as f:
+                head = f.read(1 << 21)
+        except OSError:
+            continue
+        if b"\0" not in head[:4096]:
+            texts.append(head.decode("latin-1"))
+# (the standard library's test data holds "/root" and "</root>": a file's text is searched for
+# markers of two components or more, and the secret)
+look("interpreter texts" if len(texts) > 100 else "too few texts", "".join(texts),
+     [m for m in MARKERS if m.count("/") >= 2 or not m.startswith("/")])
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 ids = (ctypes.c_uint64 * 256)()
@@ -139,7 +155,7 @@ def sandbox():
     return iso
 
 
-SURFACES = {"sys", "environ", "modules", "sysconfig", "process", "traceback", "tree"}
+SURFACES = {"sys", "environ", "modules", "sysconfig", "process", "traceback", "tree", "interpreter texts"}
 
 
 def test_a_cell_reads_nothing_of_the_host(sandbox, secret_env):
@@ -195,10 +211,19 @@ def test_guard_off_without_the_filter_statmount_names_the_bound_directories(sand
 
 
 def test_guard_off_the_build_configuration_names_the_host_prefix(sandbox):
+    from ibpo_lit.rewards.code import _interpreter
+    from ibpo_lit.rewards.sandbox.box import interpreter_view
+
     if _under(sys.base_prefix, "/usr"):
         pytest.skip("the interpreter is under /usr: its build configuration names nothing of the host")
     report = _report(editing(sandbox, drop=(("--ro-bind-data", 2, None),)), sandbox)
-    assert sys.base_prefix in report["hits"]["sysconfig"], report
+    assert sys.base_prefix in report["hits"]["sysconfig"], report  # sysconfig data as installed
+    python, prefixes, hidden = _interpreter()
+    view = interpreter_view({"python": python, "prefixes": prefixes, "hidden": hidden})
+    configuration = [("--tmpfs", 1, path) for path in view.hidden if path.endswith("config") or "/config-" in path]
+    assert configuration, view.hidden
+    report = _report(editing(sandbox, drop=configuration), sandbox)
+    assert sys.base_prefix in report["hits"]["interpreter texts"], report  # the Makefile, the .pc files
 
 
 def test_dev_stdin_reads_the_input_without_proc(sandbox):

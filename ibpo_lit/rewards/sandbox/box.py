@@ -324,15 +324,19 @@ def interpreter_view(spec):
     - ``mounts``: those binds (bwrap arguments);
     - ``hidden``: directories covered by an empty tmpfs: every site-packages and dist-packages of
       the interpreter and of /usr (the trainer's packages), and the build configuration
-      (``config-*``: the Makefile names the host prefix; nothing at run time reads it);
+      (``config-*``, ``pkgconfig``: their Makefile and .pc files name the host prefix; nothing
+      at run time reads them);
     - ``files``: (path, bytes) written over the sysconfig data (``_sysconfigdata_*.py``, which
       ``sysconfig.get_config_var("prefix")`` reads): the same data with the host prefix replaced;
     - ``env``: ``LD_LIBRARY_PATH`` when the interpreter keeps a shared libpython in its ``lib``
       (pyenv's binary finds it by an absolute host path, which is not in the sandbox).
 
     Not hidden: the interpreter's compiled files still hold the directory it was built for (the
-    binary's and libpython's strings, the .pyc files' source names): a program that reads those
-    bytes learns where a pyenv, conda or self-built interpreter lives. docs/sandbox.md says so."""
+    binary's, libpython's and extension modules' strings, the .pyc files' source names), as may
+    other libraries' files in its ``lib`` (a conda environment's libtool files): a program that
+    reads those bytes learns where a pyenv, conda or self-built interpreter lives. Its text files
+    (the standard library's sources, the sysconfig data) name only `SANDBOX_PREFIX` (tested).
+    docs/sandbox.md says so."""
     return _view(spec["python"], tuple(spec["prefixes"]), tuple(spec["hidden"]))
 
 
@@ -357,7 +361,7 @@ def _view(python, prefixes, hidden):
                 mounts += ["--symlink", os.readlink(host), inside(host)]
             elif os.path.isdir(host):
                 mounts += ["--ro-bind", host, inside(host)]
-        covered.update(_matching(p, "lib*", "python3*", "config-*"))
+        covered.update(_matching(p, "lib*", "python3*", "config-*") + _matching(p, "lib*", "pkgconfig"))
         for data_file in _matching(p, "lib*", "python3*", "_sysconfig*"):
             with open(data_file, "rb") as f:
                 data = original = f.read()
