@@ -438,7 +438,7 @@ class IBPOModule(L.LightningModule):
             device=self.device, sync=self.sync, plan=self._plan, dtype=self.dtype_name,
             batch_size=self.reward_batch_size, tokenizer=self.tokenizer,
             generate=engine.generate if engine is not None else None, context_limit=self.context_limit,
-            seed=self.rollout_cfg.seed))
+            seed=self.rollout_cfg.seed, weights_version=lambda: self.weights_version))
 
     def _reward_failure(self) -> Optional[tuple[str, Optional[str]]]:
         """``(reward, its last error)`` of the last `score` call's unscorable responses, or None."""
@@ -446,12 +446,16 @@ class IBPOModule(L.LightningModule):
 
     def _reward_metrics(self) -> dict[str, float]:
         """``reward/<name>``: each reward's mean over the responses it could score (NaN: none),
-        of the last `score` call."""
+        of the last `score` call; ``reward/<name>_penalized``: the fraction a judge or reward
+        model gave its minimum because they broke it (docs/reward_models.md)."""
         parts = self._reward_pool.last_parts if self._reward_pool is not None else {}
+        penalized = self._reward_pool.last_penalized if self._reward_pool is not None else {}
         out = {}
         for label, values in parts.items():
             scored = [v for v in values if v is not None]
             out[f"reward/{label}"] = sum(scored) / len(scored) if scored else math.nan
+            if label in penalized:
+                out[f"reward/{label}_penalized"] = penalized[label] / len(values) if values else math.nan
         return out
 
     def teardown(self, stage: str) -> None:

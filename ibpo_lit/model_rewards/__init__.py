@@ -8,18 +8,11 @@ pools' interface (`InTrainerPool`), so `ibpo_lit.rewards.WeightedRewards` sums t
 other reward.
 """
 from ibpo_lit.model_rewards.context import ModelRewardContext
-from ibpo_lit.model_rewards.judge import (
-    JUDGE_PARSERS,
-    JUDGE_TEMPLATES,
-    Judge,
-    JudgeOptions,
-    JudgeTemplate,
-    check_template,
-    get_parser,
-)
+from ibpo_lit.model_rewards.judge import JUDGE_TEMPLATES, Judge, JudgeOptions, JudgeTemplate, check_template
 from ibpo_lit.model_rewards.kinds import MODEL_REWARDS, check_model_reward, model_reward_pool
 from ibpo_lit.model_rewards.reward_model import RewardModel, RewardModelOptions, check_reward_model
-from ibpo_lit.model_rewards.runner import InTrainerPool
+from ibpo_lit.model_rewards.runner import InTrainerPool, ScoringReport
+from ibpo_lit.model_rewards.verdicts import JUDGE_PARSERS, VerdictParser, get_parser
 
 __all__ = [
     "JUDGE_PARSERS",
@@ -32,6 +25,8 @@ __all__ = [
     "ModelRewardContext",
     "RewardModel",
     "RewardModelOptions",
+    "ScoringReport",
+    "VerdictParser",
     "check_model_reward",
     "check_reward_model",
     "check_template",

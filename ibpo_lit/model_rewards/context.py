@@ -1,9 +1,10 @@
 """`ModelRewardContext`: what a reward scored by a model needs from the run, handed to it once.
 
 The module builds one (``IBPOModule``'s reward construction) and the reward keeps it: the device
-the policy trains on, the collectives of the run, the FSDP2 plan when the policy is sharded, and,
-for a judge that is the policy itself, the rollout engine's ``generate`` and the policy's
-tokenizer. A reward never reaches back into the module.
+the policy trains on, the collectives of the run, the FSDP2 plan when the policy is sharded, the
+weights' version (named when a time limit passes), and, for a judge that is the policy itself,
+the rollout engine's ``generate`` and the policy's tokenizer. A reward never reaches back into
+the module.
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ class ModelRewardContext:
             that is the policy asks through it); every rank calls it equally often.
         context_limit: Longest prompt + reply the rollout engine takes (None: unknown).
         seed: The run's rollout seed (a judge's seeds derive from it and the prompt's text).
+        weights_version: The policy's weights' version now (optimizer steps taken), named when a
+            scoring call passes its time limit.
     """
 
     device: torch.device = torch.device("cpu")
@@ -44,3 +47,4 @@ class ModelRewardContext:
     generate: Optional[Callable[..., Any]] = None
     context_limit: Optional[int] = None
     seed: int = 0
+    weights_version: Callable[[], Optional[int]] = lambda: None

@@ -61,6 +61,13 @@ class WeightedRewards:
         return worst
 
     @property
+    def last_penalized(self) -> dict[str, int]:
+        """By label, for the pools that count them (judges and reward models): the responses of
+        the last `score` call given the reward's minimum because they broke it."""
+        return {label: pool.last_penalized for label, pool in zip(self.labels, self.pools)
+                if hasattr(pool, "last_penalized")}
+
+    @property
     def stats(self) -> dict[str, int]:
         """The pools' counts added up by key."""
         out: dict[str, int] = {}

@@ -1,9 +1,10 @@
 """``judge:<template>``: an LLM asked with a template, its reply parsed.
 
 The template is filled as documented, each parser accepts what it should and refuses the rest,
-a reply that does not parse is unscorable (None, counted), never 0. The judging LLM is the policy
-(a tiny random model through the HF engine, handed over as the trainer does) or a separate tiny
-model made in code whose greedy reply is always "1".
+a reply without a well-formed verdict scores the judge's minimum (counted as penalized). The
+judging LLM is the policy (a tiny random model through the HF engine, handed over as the trainer
+does) or a separate tiny model made in code whose greedy reply is always "1". The attacks on
+verdicts and on the judge's limits are in test_untrusted_text.py.
 """
 from __future__ import annotations
 
@@ -87,12 +88,12 @@ def test_seeds_follow_the_question_not_its_place_in_the_batch(tokenizer):
     assert engine.calls[0]["seeds"][0] != engine.calls[0]["seeds"][1]
 
 
-def test_a_missing_gold_is_unscorable_and_still_asks_the_engine(tokenizer):
+def test_a_missing_gold_is_unscorable(tokenizer):
     judge, engine = scripted(tokenizer, ["YES"])
     assert judge(["p", "q"], ["r", "s"], gold=[None, "1"]) == [None, 1.0]
     assert len(engine.calls[0]["prompts"]) == 1
     judge2, engine2 = scripted(tokenizer, [])
-    assert judge2([], [], gold=[]) == [] and engine2.calls[0]["prompts"] == []  # a collective: asked anyway
+    assert judge2([], [], gold=[]) == [] and engine2.calls == []  # no rank has a question: none asks
     judge3, _ = scripted(tokenizer, ["8"], target="score")  # no {gold}: a record without one is judged
     assert judge3(["p"], ["r"], gold=[None]) == [0.8]
 
@@ -116,7 +117,8 @@ def test_template_errors_name_the_placeholder(tmp_path):
         check_model_reward(spec("{problem} {response}", max_new_tokens=4))
     with pytest.raises(ConfigError, match="not a built-in judge template .*correctness, score.* nor a template file"):
         check_model_reward(RewardSpec("judge:nonsense"))
-    with pytest.raises(ConfigError, match="has no option 'temperature'; its options: model, parser, max_new_tokens"):
+    with pytest.raises(ConfigError, match="has no option 'temperature'; its options: model, parser, score_range, label, "
+                                          "max_new_tokens, max_question_tokens, batch_size, time_limit_s"):
         check_model_reward(RewardSpec("judge:correctness", options={"temperature": 0}))
     with pytest.raises(ConfigError, match="unknown judge parser 'maybe'"):
         check_model_reward(RewardSpec("judge:correctness", options={"parser": "maybe"}))
@@ -128,32 +130,52 @@ def test_template_errors_name_the_placeholder(tmp_path):
 
 # ---------------------------------------------------------------- the parsers
 @pytest.mark.parametrize("parser, reply, expected", [
-    ("yes_no", "YES", 1.0), ("yes_no", "no.", 0.0), ("yes_no", " Yes, not no", 1.0), ("yes_no", "No, yes", 0.0),
+    ("yes_no", "YES", 1.0), ("yes_no", "no.", 0.0), ("yes_no", " **Yes**, it is right", 1.0), ("yes_no", "No, not 5", 0.0),
+    ("yes_no", " Yes, not no", None), ("yes_no", "No, yes", None),  # both words: no verdict
     ("yes_no", "maybe", None), ("yes_no", "Yesterday", None), ("yes_no", "", None),
-    ("score_0_1", "0.7", 0.7), ("score_0_1", "score: 1", 1.0), ("score_0_1", "1.5", None), ("score_0_1", "-0.2", None),
-    ("score_0_1", "none", None),
+    ("score_0_1", "0.7", 0.7), ("score_0_1", " 1.", 1.0), ("score_0_1", "score: 1", None), ("score_0_1", "1.5", None),
+    ("score_0_1", "-0.2", None), ("score_0_1", "none", None),
     ("score_0_10", "7/10", 0.7), ("score_0_10", "10", 1.0), ("score_0_10", "11", None), ("score_0_10", "ten", None),
-    (r"regex:Score: (\d+)", "Score: 3 of 5", 3.0), (r"regex:Score: (\d+)", "3", None),
-    (r"regex:\d\.\d", "about 0.5", 0.5), (r"regex:grade (\w+)", "grade A", None),
 ])
 def test_parsers_accept_and_refuse(parser, reply, expected):
     assert get_parser(parser)(reply) == (pytest.approx(expected) if expected is not None else None)
 
 
+@pytest.mark.parametrize("pattern, reply, expected", [
+    (r"Score: (\d+)", "Score: 3 of 5", 3.0), (r"Score: (\d+)", "3", None), (r"Score: (\d+)", "Score: 3, Score: 5", None),
+    (r"\d\.\d", "about 0.5", 0.5), (r"grade (\w+)", "grade A", None), (r"Score: (\d+)", "Score: 11", None),
+])
+def test_a_regex_parser_reads_its_one_match_within_its_range(pattern, reply, expected):
+    parser = get_parser("regex:" + pattern, score_range=[0, 10])
+    assert parser(reply) == (pytest.approx(expected) if expected is not None else None)
+    assert (parser.low, parser.high) == (0.0, 10.0)
+
+
 def test_bad_parsers_are_refused():
     with pytest.raises(ConfigError, match="does not compile"):
-        get_parser("regex:(")
+        get_parser("regex:(", score_range=[0, 1])
     with pytest.raises(ConfigError, match="valid: score_0_1, score_0_10, yes_no, or regex:<pattern>"):
         get_parser("likert")
+    with pytest.raises(ConfigError, match="a regex parser needs options.score_range"):
+        get_parser(r"regex:(\d+)")
+    with pytest.raises(ConfigError, match=r"'yes_no' has its own range \[0, 1\]"):
+        get_parser("yes_no", score_range=[0, 5])
+    for bad in ([1, 0], [0], [0, float("inf")], ["0", "1"], [True, 2]):
+        with pytest.raises(ConfigError, match="score_range must be"):
+            get_parser(r"regex:(\d+)", score_range=bad)
+    with pytest.raises(ConfigError, match="label must be a word"):
+        check_model_reward(RewardSpec("judge:correctness", options={"label": "Verdict:"}))
+    with pytest.raises(ConfigError, match="time_limit_s must be"):
+        check_model_reward(RewardSpec("judge:correctness", options={"time_limit_s": 0}))
 
 
-def test_a_reply_that_does_not_parse_is_unscorable_and_counted(tokenizer, caplog):
+def test_a_reply_without_a_verdict_scores_the_minimum_and_is_counted(tokenizer, caplog):
     judge, _ = scripted(tokenizer, ["YES", "I am not sure", "NO"])
     pool = InTrainerPool("judge:correctness", judge)
     with caplog.at_level(logging.WARNING):
-        assert pool.score([("a", "1"), ("b", "1"), ("c", "1")], ["p", "q", "r"]) == [1.0, None, 0.0]
-    assert pool.stats == {"ok": 2, "timeout": 0, "error": 0, "none": 1} and pool.unscorable["none"] == 1
-    assert "a reply did not parse" in caplog.text and "'I am not sure'" in caplog.text
+        assert pool.score([("a", "1"), ("b", "1"), ("c", "1")], ["p", "q", "r"]) == [1.0, 0.0, 0.0]
+    assert pool.stats == {"ok": 3, "timeout": 0, "error": 0, "none": 0, "penalized": 1} and pool.last_penalized == 1
+    assert "a reply without a well-formed verdict ('I am not sure') scores the judge's minimum 0" in caplog.text
 
 
 # ---------------------------------------------------------------- real tiny models
@@ -183,8 +205,8 @@ def test_a_separate_judge_model_by_path(tmp_path):
     assert judge(["2+3?", "1+1?", "x"], ["5", "3", "y"], gold=["5", "2", None]) == [1.0, 1.0, None]
     assert judge.last_replies == ["1", "1", None]
     many = Judge("score", ModelRewardContext(), JudgeOptions(model=str(folder), max_new_tokens=3))
-    assert many(["p"], ["r"]) == [None]  # "111" is no score in [0, 10]: unscorable, not 0
-    assert many.last_replies == ["111"]
+    assert many(["p"], ["r"]) == [0.0]  # "111" is no score in [0, 10]: the judge's minimum, penalized
+    assert many.last_replies == ["111"] and many.last_report.penalized == 1
 
 
 def test_the_module_hands_the_policy_judge_its_engine_and_tokenizer():

@@ -62,8 +62,10 @@ def test_fit_with_the_policy_as_a_logged_judge(tmp_path):
     assert cli.trainer.global_step == 1
     logged = scalars(tmp_path / "run")
     assert "reward/math" in logged and "train/reward" in logged
-    # the random policy's replies are no YES/NO: unscorable for the judge, counted, not 0; math unaffected
-    assert logged["train/reward_none"][0] > 0 and logged["train/unscorable"] == [0.0]
+    # the random policy's replies are no YES/NO: the judge's minimum, counted as penalized, not
+    # unscorable; math unaffected
+    assert logged["reward/judge_correctness_penalized"][0] > 0 and logged["reward/judge_correctness"][0] == 0.0
+    assert logged["train/reward_none"] == [0.0] and logged["train/unscorable"] == [0.0]
 
 
 @pytest.mark.slow
@@ -93,7 +95,7 @@ def test_two_fsdp2_processes_score_with_a_sharded_reward_model_and_judges(tmp_pa
             "--model.rewards", json.dumps(rewards),
             "--trainer.callbacks", callbacks({"class_path": "model_reward_fixtures.CorrectionsOnRankZeroOnly"}, CORRECTIONS))
     logged = scalars(root)
-    assert logged["reward/judge_says_one"] == [1.0, 1.0]
+    assert logged["reward/judge_says_one"] == [1.0, 1.0] and logged["reward/judge_says_one_penalized"] == [0.0, 0.0]
     assert len(logged["reward/tiny-rm"]) == 2 and len(logged["reward/math"]) == 2
     assert logged["train/unscorable"] == [0.0, 0.0]
     assert all(n > 0 for n in logged["train/corrections"])  # rank 0's (summed over ranks)

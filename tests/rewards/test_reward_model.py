@@ -86,24 +86,27 @@ def test_without_a_chat_template_problem_and_response_are_concatenated(tmp_path)
     assert plain(["What is 2+3?"], [" 5"]) == [pytest.approx(direct(folder, plain.encode("What is 2+3?", " 5")), abs=1e-5)]
 
 
-def test_truncation_keeps_the_end_cuts_the_start_or_gives_up(rm_dir):
+def test_truncation_keeps_the_end_cuts_the_start_or_refuses(rm_dir):
     long = "y" * 50
     ctx = ModelRewardContext()
     left = RewardModel(str(rm_dir), ctx, RewardModelOptions(max_length=40))
     full = left.encode("q", long)
-    assert left._bounded(list(full)) == full[-40:]
+    assert left._bounded("q", long) == full[-40:]
     assert left(["q"], [long]) == [pytest.approx(direct(rm_dir, full[-40:]), abs=1e-5)]
     right = RewardModel(str(rm_dir), ctx, RewardModelOptions(max_length=40, truncation="right"))
     assert right(["q"], [long]) == [pytest.approx(direct(rm_dir, full[:40]), abs=1e-5)]
-    none = RewardModel(str(rm_dir), ctx, RewardModelOptions(max_length=40, truncation="unscorable"))
-    assert none(["q", "q"], [long, "ok"])[0] is None and none.truncated == 1
+    refuse = RewardModel(str(rm_dir), ctx, RewardModelOptions(max_length=40, truncation="refuse", min_score=-3.0))
+    scores = refuse(["q", "q", "q" * 50], [long, "ok", "ok"])
+    # too long by the response's doing: the declared minimum; by the problem's alone: unscorable
+    assert scores[0] == -3.0 and scores[2] is None and refuse.truncated == 2
+    assert refuse.last_report.penalized == 1
     assert left.max_length == 40 and RewardModel(str(rm_dir), ctx).max_length == 2048  # the tokenizer's limit
 
 
 def test_a_nan_score_is_unscorable(rm):
     pool = InTrainerPool("reward_model:x", lambda prompts, completions, **_: [float("nan"), 1.0])
     assert pool.score([("a", "1"), ("b", "1")]) == [None, 1.0]
-    assert pool.stats == {"ok": 1, "timeout": 0, "error": 0, "none": 1}
+    assert pool.stats == {"ok": 1, "timeout": 0, "error": 0, "none": 1, "penalized": 0}
 
 
 def test_a_failing_batch_is_unscorable_as_a_whole_and_counted(caplog):
@@ -135,8 +138,12 @@ def test_errors_name_the_reward_and_what_is_wrong(tmp_path, rm_dir):
         check_model_reward(RewardSpec("reward_model:tiny-llama"))
     with pytest.raises(ConfigError, match="has no option 'batch'; its options: batch_size"):
         check_model_reward(RewardSpec(f"reward_model:{rm_dir}", options={"batch": 2}))
-    with pytest.raises(ConfigError, match="truncation must be one of left, right, unscorable"):
-        check_model_reward(RewardSpec(f"reward_model:{rm_dir}", options={"truncation": "middle"}))
+    with pytest.raises(ConfigError, match="truncation must be one of left, right, refuse"):
+        check_model_reward(RewardSpec(f"reward_model:{rm_dir}", options={"truncation": "unscorable"}))
+    with pytest.raises(ConfigError, match="min_score must be a finite number"):
+        check_model_reward(RewardSpec(f"reward_model:{rm_dir}", options={"min_score": float("-inf")}))
+    with pytest.raises(ConfigError, match="time_limit_s must be"):
+        check_model_reward(RewardSpec(f"reward_model:{rm_dir}", options={"time_limit_s": -1}))
     with pytest.raises(ValueError, match="names no model after 'reward_model:'"):
         RewardSpec("reward_model:")
     with pytest.raises(ValueError, match="'math' takes no options"):
