@@ -66,6 +66,7 @@ from ibpo_lit.data.val_benchmarks import (
     benchmark_prompts,
     check_unique_names,
 )
+from ibpo_lit.rewards.builtin import check_gold
 from ibpo_lit.seeds import check_resumed_seeds, run_seed, stream_seed
 from ibpo_lit.tasks import ANSWER_INSTRUCTION, get_task
 
@@ -325,6 +326,8 @@ class PromptDataModule(L.LightningDataModule):
         if self.skipped_record_errors:
             logger.warning("skipped %d bad records in %s; first: %s", len(self.skipped_record_errors),
                            self.train_path, self.skipped_record_errors[0])
+        for r in records:  # a gold of a kind the task's verifier is not for: a data error, found at load
+            check_gold(get_task(self.task).reward, r.gold, where=r.uid)
         return RecordSource(records, seed=self.seed)
 
     def _code_records(self, path: str, split: str | None) -> list[Record]:
@@ -380,6 +383,7 @@ class PromptDataModule(L.LightningDataModule):
         for r in records:
             if self.val_size and len(prompts) >= self.val_size:
                 break
+            check_gold(get_task(self.task).reward, r.gold, where=r.uid)
             prompt = self._builder.build(r.problem, r.gold, r.uid, r.columns, r.messages)
             if prompt is not None:
                 prompts.append(prompt)

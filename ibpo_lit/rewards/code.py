@@ -55,7 +55,11 @@ silent 0 (`SandboxPool.stats` counts them).
 The gold string of ``REWARDS["code"]`` is `CodeTests.to_gold()`: JSON with ``"v": 3``, ``kind``,
 ``tests``, ``setup``, ``prefix``, ``suffix``, ``prelude``, ``remote``, ``classes``, ``timeout_s``,
 ``memory_mb``, ``stop_at_first_failure`` and ``reward`` ("all": 1.0 only when every test passes,
-the binary reward of METHOD.md section 1; "fraction": the fraction passed).
+the binary reward of METHOD.md section 1; "fraction": the fraction passed). Its ``kind`` is
+``assert`` or ``stdin``: a ``run`` spec (a tool call's, no tests) would pass any program that exits
+cleanly, so `to_gold` does not write one and `from_gold`, `code_reward` and `SandboxPool` raise
+`GoldKindError` on one (``ibpo_lit.rewards.gold_kinds``); a string that is no spec at all stays
+unscorable, and the training data's golds are checked at load.
 
 What is not covered:
 - Values the judge cannot see inside: a result that is not plain data (an instance of the
@@ -93,13 +97,14 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from ibpo_lit.rewards.gold_kinds import ANSWER, SPEC_KINDS, TEST_KINDS, GoldKindError, check_kind, gold_kind
 from ibpo_lit.rewards.sandbox.isolation import RUN_UID_RANGE, Isolation, SandboxUnavailable, find_isolation, \
     remove_cgroup
 
 logger = logging.getLogger(__name__)
 
 STATUSES = ("pass", "fail", "timeout", "memory", "error")
-KINDS = ("assert", "stdin", "run")  # run: a tool call, its output returned, no tests
+KINDS = SPEC_KINDS  # "run": a tool call, its output returned, no tests: never a gold
 REWARD_MODES = ("all", "fraction")
 DEFAULT_TIMEOUT_S = 10.0  # per program, load and all tests together
 DEFAULT_MEMORY_MB = 1024
@@ -199,16 +204,29 @@ class CodeTests:
             raise ValueError(f"memory_mb must be >= 64, got {self.memory_mb}")
 
     def to_gold(self) -> str:
-        """The gold string for ``REWARDS["code"]`` (JSON)."""
+        """The gold string for ``REWARDS["code"]`` (JSON).
+
+        Raises:
+            GoldKindError: a ``run`` spec (a tool call): it has no tests, so as a gold it would
+                pass any program that exits cleanly (``ibpo_lit.rewards.gold_kinds``).
+        """
+        if self.kind not in TEST_KINDS:
+            raise GoldKindError(f"a spec of kind {self.kind!r} (a tool call: no tests) is not a gold; no reward "
+                                f"scores it (a gold's kind is one of {TEST_KINDS})")
         return json.dumps({"v": GOLD_VERSION, **asdict(self)}, separators=(",", ":"))
 
     @classmethod
-    def from_gold(cls, gold: str) -> CodeTests:
-        """Parse a gold string made by `to_gold`.
+    def from_gold(cls, gold: str, reward: str = "code") -> CodeTests:
+        """Parse a gold string made by `to_gold`, for ``reward`` (named in the errors).
 
         Raises:
-            ValueError: not a code gold string (the message says why).
+            GoldKindError: a spec of another kind: one without tests (kind ``run``, a tool
+                call's), which would pass any program that exits cleanly.
+            ValueError: no code spec at all (not a JSON object: an answer, a corrupted gold), or
+                a malformed one (the message says why).
         """
+        if gold_kind(gold) != ANSWER:  # a spec; a string that is none is malformed (below)
+            check_kind(reward, gold, TEST_KINDS)
         try:
             obj = json.loads(gold)
         except json.JSONDecodeError as e:
@@ -245,8 +263,43 @@ class CodeResult:
 
 
 # ------------------------------------------------------------------ code extraction
-_FENCE = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+FENCE = "```"
+# The tag of a fence: the word after the backticks (``python`` in "```python title=x").
+_TAG = re.compile(r"[ \t]*([\w+#.-]*)")
 _PYTHON_TAGS = {"python", "py", "python3", "py3"}
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """``(tag, body)`` of each fenced block of ``text``, in order, tags lower-cased.
+
+    A block opens at a fence (three backticks) whose line has a newline after it: the tag is the
+    word at the start of the rest of that line (letters, digits, ``_+#.-``), the body runs from
+    the next line to the next fence, or to the end of the text (a truncated response).
+
+    Hand-written, not a regex: the regex it replaces (kept as the "guard off" example in
+    tests/rewards/test_bounded_parsing.py) backtracked over the rest of the line from every fence
+    with no newline after it, so one fence followed by a long last line, or a long run of
+    backticks, cost time quadratic in the response's length, in the trainer's process (the
+    sandbox pool's threads, the correction prompt) where nothing can stop it. Here each
+    character is read a bounded number of times: a fence on the last line ends the search (no
+    later fence can open a block), and each search starts where the previous one ended.
+    """
+    blocks = []
+    pos = 0
+    while True:
+        start = text.find(FENCE, pos)
+        if start < 0:
+            break
+        newline = text.find("\n", start + len(FENCE))
+        if newline < 0:
+            break
+        tag = _TAG.match(text, start + len(FENCE), newline).group(1)  # bounded: it cannot fail
+        end = text.find(FENCE, newline + 1)
+        blocks.append((tag.lower(), text[newline + 1:] if end < 0 else text[newline + 1:end]))
+        if end < 0:
+            break
+        pos = end + len(FENCE)
+    return blocks
 
 
 def extract_code(text: str) -> str:
@@ -255,10 +308,10 @@ def extract_code(text: str) -> str:
     The text after the last ``</think>`` (a reasoning model's scratchpad is not the answer); in
     it, the last fenced block tagged python (``python``, ``py``, ``python3``), else the last
     untagged fenced block, else the whole text. An unclosed final fence (a truncated response)
-    runs to the end of the text.
+    runs to the end of the text. Linear in the text's length (`fenced_blocks`).
     """
     text = text.rsplit("</think>", 1)[-1]
-    blocks = [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(text)]
+    blocks = fenced_blocks(text)
     for wanted in (_PYTHON_TAGS, {""}):
         chosen = [body for tag, body in blocks if tag in wanted]
         if chosen:
@@ -536,9 +589,15 @@ def code_reward(completion: str, gold: str) -> float | None:
 
     ``gold`` is `CodeTests.to_gold()`. Returns 1.0 / 0.0 (``reward="all"``) or the fraction
     passed (``reward="fraction"``); None if the gold cannot be parsed or the harness failed.
+
+    Raises:
+        GoldKindError: a spec of another kind (a tool call's ``run`` spec): a data error, never
+            a score. A string that is no spec at all (not JSON) is unscorable, None, as before.
     """
     try:
         spec = CodeTests.from_gold(gold)
+    except GoldKindError:
+        raise
     except (ValueError, TypeError) as e:
         logger.warning("unusable code gold: %s", e)
         return None
@@ -555,3 +614,4 @@ def code_reward(completion: str, gold: str) -> float | None:
 # Each program is bounded by its tests' own limits: `RewardPool` refuses a reward marked so (a
 # worker's timeout around the sandbox would be a second, shorter clock); its task's pool runs it.
 code_reward.runs_untrusted_code = True
+code_reward.gold_kinds = TEST_KINDS  # a spec with tests; a tool call's "run" spec has none

@@ -26,7 +26,9 @@ What is covered:
   ``\\sqrt{2}``) keep math-verify's equivalence unchanged.
 - The gold is parsed as LaTeX (wrapped in ``$...$``), so "72", "1,080", "\\frac12" and
   "\\sqrt{\\frac{95}{24}}" all parse. A gold that yields no mathematical object (empty, or
-  malformed LaTeX such as "\\frac{") is unscorable: None, never a silent 0.
+  malformed LaTeX such as "\\frac{") is unscorable: None, never a silent 0. A gold of another
+  kind (a code test spec, a tool call's spec: ``ibpo_lit.rewards.gold_kinds``) is not an
+  answer at all: `GoldKindError`, a data error.
 
 What is not covered:
 - Timeouts inside `math_score_inprocess`. math-verify's own timeouts use SIGALRM, which only
@@ -42,6 +44,8 @@ import logging
 from collections.abc import Callable
 
 from sympy import Basic, Integer, Mul, Number, Pow, Rational, UnevaluatedExpr
+
+from ibpo_lit.rewards.gold_kinds import ANSWER, check_kind
 
 logger = logging.getLogger(__name__)
 
@@ -152,9 +156,13 @@ def math_score_inprocess(completion: str, gold: str) -> float | None:
 
     Returns:
         1.0 or 0.0; None if the pair cannot be scored (gold unparseable, math-verify error).
+
+    Raises:
+        GoldKindError: a gold that is not an answer (a code test spec, a tool call's spec).
     """
     from math_verify import verify
 
+    check_kind("math", gold, math_score_inprocess.gold_kinds)
     try:
         gold_parsed = _parse(f"${gold}$", _GOLD) if gold.strip() else []
         if not any(not isinstance(g, str) for g in gold_parsed):  # only a raw-string fallback
@@ -168,3 +176,6 @@ def math_score_inprocess(completion: str, gold: str) -> float | None:
         logger.debug("math-verify failed on completion %r, gold %r", completion[-200:], gold, exc_info=True)
         return None
     return 1.0 if ok else 0.0
+
+
+math_score_inprocess.gold_kinds = (ANSWER,)  # a final answer; a sandbox spec is no answer

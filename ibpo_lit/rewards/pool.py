@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Sequence
 
-from ibpo_lit.rewards.builtin import REWARDS
+from ibpo_lit.rewards.builtin import REWARDS, check_gold
 from ibpo_lit.rewards.functions import (
     RewardOutputError,
     check_values,
@@ -190,12 +190,15 @@ class RewardPool:
         Raises:
             RuntimeError: the pool is closed, is used from a forked child, or a worker failed to
                 start (bad ``import_modules``, a broken environment).
+            GoldKindError: a gold of a kind the built-in reward is not for (`check_gold`).
         """
         n = len(pairs)
         prompts = [""] * n if prompts is None else list(prompts)
         columns = [{}] * n if columns is None else list(columns)
         if not len(prompts) == len(columns) == n:
             raise ValueError(f"{n} pairs but {len(prompts)} prompts and {len(columns)} column rows")
+        for _, gold in pairs:  # a gold of a kind a built-in is not for: a data error, before any work
+            check_gold(self.reward, gold)
         items = [(p, c, reward_columns(cols, g)) for (c, g), p, cols in zip(pairs, prompts, columns)]
         with self._lock:
             self._check_usable()

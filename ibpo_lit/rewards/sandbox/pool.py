@@ -10,7 +10,8 @@ What is covered:
   and a batch of n programs takes at most about ``ceil(n / num_workers)`` such periods.
 - ``pool.stats``: counts of ``pass``, ``fail``, ``timeout``, ``memory``, ``error`` and
   ``unscorable`` (bad gold, the harness failed, or the sandbox cannot run on this host at all:
-  `SandboxUnavailable`), since the pool was made; ``pool.last_error`` is the latest unscorable
+  `SandboxUnavailable`), since the pool was made (a spec of another kind, a tool call's ``run``
+  spec, is a data error: `GoldKindError` is raised, never counted); ``pool.last_error`` is the latest unscorable
   item's cause on one line (what the trainer names when it stops a run whose reward scores
   nothing, ``model.max_unscorable_steps``). Each `run` logs its batch's counts and throughput
   at INFO, and unscorable items at WARNING (`SandboxUnavailable` once per pool, later ones at
@@ -34,6 +35,7 @@ from ibpo_lit.rewards.code import (
     STATUSES,
     CodeResult,
     CodeTests,
+    GoldKindError,
     SandboxError,
     run_code_tests,
 )
@@ -111,6 +113,8 @@ class SandboxPool:
         cause, unavailable, level = None, False, logging.WARNING
         try:
             result = run_code_tests(completion, CodeTests.from_gold(gold))
+        except GoldKindError:  # a data error, not an unscorable program: the caller stops
+            raise
         except (ValueError, TypeError, SandboxError, SandboxUnavailable) as e:
             # SandboxUnavailable (no bwrap, no user namespaces) makes every program unscorable:
             # the trainer stops such a run after model.max_unscorable_steps, naming this cause.
