@@ -16,14 +16,16 @@ Pipeline, one function per step:
    of the marker (``CIWConfig.answer_markers``, case-insensitive, in priority order: the first
    marker that occurs anywhere wins, at its first occurrence, or its last with
    ``marker_occurrence="last"``). Everything before is reasoning.
-2. ``detect_spans``: arithmetic spans (``a op b = c``, regex ``arithmetic_pattern``) first, at
-   most ``max_spans // 2``; then sentence spans that overlap no arithmetic span, until
-   ``max_spans`` spans in all. Sentences partition the reasoning tokens: one ends at the token
-   holding the last character of a boundary (``sentence_end_pattern``: ``.``/``!``/``?``
-   followed by whitespace or the end, or a blank line); text after the last boundary is a
-   final sentence. A span over ``max_span_tokens`` tokens, a LaTeX-heavy span (share of
-   backslashes in its text over ``max_backslash_frac``) and a sentence under
-   ``min_sentence_tokens`` tokens are skipped. Spans are returned sorted and disjoint.
+2. ``detect_spans``: arithmetic spans (``a op b = c``, regex ``arithmetic_pattern``; a chain
+   of operations without ``= c`` is read past whole) first, at most ``max_spans // 2``; then
+   sentence spans that overlap no arithmetic span, until ``max_spans`` spans in all.
+   Sentences partition the reasoning tokens: one ends at the token holding the last character
+   of a boundary (``sentence_end_pattern``: ``.``/``!``/``?`` followed by whitespace or the
+   end, or a blank line); text after the last boundary is a final sentence. A span over
+   ``max_span_tokens`` tokens, a LaTeX-heavy span (share of backslashes in its text over
+   ``max_backslash_frac``) and a sentence under ``min_sentence_tokens`` tokens are skipped.
+   Spans are returned sorted and disjoint. Every search is linear in the text's length
+   (docs/rewards.md, "Bounded work on policy text").
 3. ``importance_from_drops``: every reasoning token starts at ``base_importance``; each
    span's FULL drop is added to each of its tokens (METHOD 8.4; not divided by the span
    length); then min-max rescale over the reasoning region to
@@ -87,8 +89,19 @@ weight 1".
 
 _NUMBER = r"\$?\d+(?:,\d{3})*(?:\.\d+)?"
 _OPERATOR = r"(?:[-+*/×÷·x]|\\times|\\cdot|\\div)"
-ARITHMETIC_PATTERN = rf"{_NUMBER}(?:\s*{_OPERATOR}\s*{_NUMBER})+\s*=\s*-?{_NUMBER}"
-"""``a op b (op c ...) = d``: numbers with optional ``$``, thousands commas and decimals."""
+# A number starts at its first digit (or its ``$``): not after a digit, nor at a thousands group
+# (``,ddd``) of the number before it. The number's own start reads the same text to the same
+# end, so nothing is lost; without this, each digit of a long run was a start that read the rest
+# of the run again (quadratic).
+_NUMBER_START = r"(?!(?<=\d)\d)(?!(?<=\d,)\d{3}(?!\d))"
+ARITHMETIC_PATTERN = rf"{_NUMBER_START}{_NUMBER}(?:\s*{_OPERATOR}\s*{_NUMBER})+(?P<result>\s*=\s*-?{_NUMBER})?"
+"""``a op b (op c ...) = d``: numbers with optional ``$``, thousands commas and decimals.
+
+Each chain of operations is matched whole, with its ``= d`` (group ``result``) or without it; a
+match without a result is read past, not a span (`detect_spans`). So the search never starts
+again inside a chain: linear in the text's length. The pattern it replaces
+(``...(?:op number)+\\s*=...``, tests/rewards/test_bounded_parsing.py) failed at every number
+of a chain with no ``=`` after it, each time after reading the rest of the chain: quadratic."""
 
 SENTENCE_END_PATTERN = r"[.!?](?=\s|$)|\n[ \t]*\n"
 """A sentence ends after ``.``, ``!`` or ``?`` followed by whitespace or the end of the
@@ -115,8 +128,13 @@ class CIWConfig:
         max_span_tokens: Spans longer than this (in tokens) are skipped.
         max_backslash_frac: Spans whose text is more than this share backslashes
             (LaTeX-heavy) are skipped.
-        arithmetic_pattern: Regex of an arithmetic span (``a op b = c``).
-        sentence_end_pattern: Regex whose matches end a sentence.
+        arithmetic_pattern: Regex of an arithmetic span (``a op b = c``), searched with ``re``
+            in the response's text. If it has a group named ``result``, a match in which that
+            group took no part is read past, not a span (the default matches a chain of
+            operations whole, with or without its result, so that the search stays linear).
+            ``re`` has no timeout: a pattern of your own must be linear-time too (the trainer
+            runs it on policy output; docs/rewards.md, "Bounded work on policy text").
+        sentence_end_pattern: Regex whose matches end a sentence (linear-time, as above).
         mask_token: Id that replaces a masked span's tokens: ``pad`` (the tokenizer's pad
             id, EOS if it has none) or ``eos``.
         base_importance: Raw importance of every reasoning token before drops are added.
@@ -246,12 +264,17 @@ def _token_range(ends: list[int], start_char: int, end_char: int) -> tuple[int, 
 
 
 def find_answer_start(pieces: Sequence[str], cfg: CIWConfig) -> int | None:
-    """Index of the token where the answer region starts, or None without a marker."""
+    """Index of the token where the answer region starts, or None without a marker.
+
+    Each marker is a literal: one scan of the text per marker, keeping only the first or the
+    last occurrence (a text of many markers costs no list of them)."""
     text = "".join(pieces)
     for marker in cfg.answer_markers:
-        matches = list(re.finditer(re.escape(marker), text, flags=re.IGNORECASE))
-        if matches:
-            match = matches[0] if cfg.marker_occurrence == "first" else matches[-1]
+        match = None
+        for match in re.finditer(re.escape(marker), text, flags=re.IGNORECASE):
+            if cfg.marker_occurrence == "first":
+                break
+        if match is not None:
             return _token_range(_char_ends(pieces), match.start(), match.end())[0]
     return None
 
@@ -285,11 +308,13 @@ def detect_spans(pieces: Sequence[str], cfg: CIWConfig) -> list[Span]:
         return 0 < end - start <= cfg.max_span_tokens and not _latex_heavy(pieces, start, end, cfg)
 
     arithmetic: list[Span] = []
-    for match in re.finditer(cfg.arithmetic_pattern, text):
+    pattern = re.compile(cfg.arithmetic_pattern)
+    result = pattern.groupindex.get("result")
+    for match in pattern.finditer(text):
         if len(arithmetic) >= cfg.max_spans // 2:
             break
-        if match.end() == match.start():
-            continue
+        if match.end() == match.start() or (result is not None and match.start(result) < 0):
+            continue  # empty, or a chain of operations without its "= result": read past
         start, end = _token_range(ends, match.start(), match.end())
         overlaps = bool(arithmetic) and start < arithmetic[-1].end  # BPE: two matches in one token
         if acceptable(start, end) and not overlaps:

@@ -10,7 +10,8 @@ tokens themselves are never masked: they are teacher-forced in every copy.
 What is covered:
     * ``token_pieces``: each token's share of the decoded text (fast path: tokens decoded one
       by one, used when they join to the full decode; otherwise incremental decoding that
-      gives a character split over several byte tokens to the token that completes it).
+      gives a character split over several byte tokens to the token that completes it, each
+      decode of at most ``2 * MAX_PENDING_TOKENS`` tokens: linear in the response's length).
     * ``span_drops_batched``: the full copy and all K masked copies of a response go through
       the model in ONE forward pass (under ``torch.no_grad``); copies of several responses
       share a pass while ``tokens_per_pass`` allows (never splitting one response's copies).
@@ -73,6 +74,13 @@ def _decoders(tokenizer) -> tuple[Callable[[list[int]], str], Callable[[list[lis
     return decode, lambda batch: [decode(ids) for ids in batch]
 
 
+# Tokens whose text may wait for a later token: a UTF-8 character is at most 4 bytes (4 byte
+# tokens), so a run of 16 that has not decoded to whole characters never will. Past it the run's
+# own decode is its last token's piece; without the cap, a response of such bytes (policy output)
+# made every later decode start at the run's first token: quadratic in the response's length.
+MAX_PENDING_TOKENS = 16
+
+
 def token_pieces(tokenizer, ids: Sequence[int]) -> list[str]:
     """[n] strings, one per token id, whose concatenation is the decoded text.
 
@@ -81,7 +89,11 @@ def token_pieces(tokenizer, ids: Sequence[int]) -> list[str]:
     detokenizer does: token i's piece is what decoding up to i adds to the text decoded
     before it, with the previous emitted chunk as context (SentencePiece drops a leading
     space at the start of a decode); while the text ends in U+FFFD (an incomplete UTF-8
-    character), the piece is empty and the text goes to the token that completes it.
+    character), the piece is empty and the text goes to the token that completes it. A run of
+    `MAX_PENDING_TOKENS` that completes nothing (invalid UTF-8: not text) gets the run's own
+    decode as its last token's piece, so every decode is of a bounded number of tokens: linear in
+    the response's length. There, and only there, the pieces may join to other replacement
+    characters than the whole text's decode has.
     """
     ids = [int(i) for i in ids]
     decode, decode_batch = _decoders(tokenizer)
@@ -96,6 +108,9 @@ def token_pieces(tokenizer, ids: Sequence[int]) -> list[str]:
         if len(after) > len(before) and not after.endswith("\ufffd") and after.startswith(before):
             pieces.append(after[len(before) :])
             prefix, read = read, i + 1
+        elif i + 1 - read >= MAX_PENDING_TOKENS:  # never completes: not text (invalid UTF-8 bytes)
+            pieces.append(decode(ids[read : i + 1]))
+            prefix, read = i + 1, i + 1
         else:
             pieces.append("")
     return pieces
