@@ -175,6 +175,30 @@ def test_a_program_reads_nothing_of_the_host(sandbox, secret_env):
     assert stdin.status == "pass", stdin.detail
 
 
+def test_a_trainer_in_a_virtual_environment_of_copies(sandbox, tmp_path):
+    """``python -m venv --copies``: the trainer's interpreter is a binary inside its venv, which
+    was bound in at its host path (sys.executable and sys.prefix named the venv); the base
+    interpreter it was copied from runs instead, and the venv is never bound."""
+    import subprocess
+
+    venv = tmp_path / "trainer-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--copies", "--without-pip", "--system-site-packages", str(venv)],
+                   check=True, timeout=120)
+    cell = tmp_path / "cell.py"
+    cell.write_text(PROBE % json.dumps([str(venv), *_markers(sandbox)]) + "print(json.dumps(REPORT))\n")
+    script = ("import json, sys\nfrom ibpo_lit.rewards.python_tool import PythonTool\n"
+              "tool = PythonTool(timeout_s=10.0, workers=1, max_output_chars=6000)\n"
+              f"r = tool([[open({str(cell)!r}).read()]])[0]\n"
+              "print(json.dumps({'prefix': sys.prefix, 'status': r.status, 'text': r.text}))\n")
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": REPO})
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["prefix"] == str(venv) and out["status"] == "pass", out  # the trainer ran in the venv
+    report = json.loads(out["text"])
+    assert report["hits"] == {} and SURFACES <= set(report["read"]), report
+
+
 def test_guard_off_no_namespaces_the_probe_finds_the_trainer(sandbox):
     report = _report(Isolation.none(), sandbox)
     assert sys.base_prefix in report["hits"]["sys"] or _under(sys.base_prefix, "/usr"), report

@@ -59,6 +59,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import tempfile
 
 if __name__ != "__main__":  # imported (tests); at launch the source of wire.py is prepended
@@ -320,7 +321,8 @@ def interpreter_view(spec):
       paths are no one's); one installed elsewhere has its ``lib`` (the standard library, its
       extension modules and their libraries) and its binary bound at `SANDBOX_PREFIX`, where it
       finds its prefix as it would at home (the landmarks beside the binary), so sys.executable,
-      sys.prefix, sys.path and every module's __file__ name only `SANDBOX_PREFIX`.
+      sys.prefix, sys.path and every module's __file__ name only `SANDBOX_PREFIX`. A virtual
+      environment is never bound in; a ``--copies`` venv's binary gives way to its base's.
     - ``mounts``: those binds (bwrap arguments);
     - ``hidden``: directories covered by an empty tmpfs: every site-packages and dist-packages of
       the interpreter and of /usr (the trainer's packages), and the build configuration
@@ -342,7 +344,15 @@ def interpreter_view(spec):
 
 @functools.lru_cache(maxsize=None)  # the same for every sandbox a judge starts
 def _view(python, prefixes, hidden):
-    outside = [p for p in dict.fromkeys(os.path.normpath(p) for p in prefixes) if not _under(p, "/usr")]
+    # A virtual environment is never bound in: its lib holds only the trainer's packages, and a
+    # venv's copied binary (``venv --copies``) finds its standard library only through the venv's
+    # pyvenv.cfg, so the base interpreter it was copied from runs instead (this interpreter's own
+    # base: the judge runs the trainer's).
+    base = getattr(sys, "_base_executable", "")
+    if _is_venv(os.path.dirname(os.path.dirname(python))) and os.path.isfile(base):
+        python = os.path.realpath(base)
+    outside = [p for p in dict.fromkeys(os.path.normpath(p) for p in prefixes)
+               if not (_under(p, "/usr") or _is_venv(p))]
     outside.sort(key=lambda p: not _under(python, p))  # the interpreter's own prefix is SANDBOX_PREFIX
     names = {p: SANDBOX_PREFIX + ("" if i == 0 else f"-{i + 1}") for i, p in enumerate(outside)}
     longest_first = sorted(names, key=len, reverse=True)
@@ -375,7 +385,13 @@ def _view(python, prefixes, hidden):
         mounts += ["--ro-bind", python, inside(python)]
     for root in ("/usr/lib", "/usr/local/lib"):
         covered.update(_matching(root, "python3*", "*-packages"))
-    return _View(inside(python), mounts, sorted(inside(h) for h in covered if os.path.isdir(h)), files, env)
+    # only what is in the sandbox: a tmpfs elsewhere would make its host path there
+    covered = {h for h in covered if os.path.isdir(h) and (_under(h, "/usr") or inside(h) != h)}
+    return _View(inside(python), mounts, sorted(inside(h) for h in covered), files, env)
+
+
+def _is_venv(prefix):
+    return os.path.isfile(os.path.join(prefix, "pyvenv.cfg"))
 
 
 def _matching(root, *parts):
