@@ -17,9 +17,10 @@ What is covered:
     * `chat_ids`: messages in the tokenizer's chat template. Every message's content is text,
       whoever wrote it (the record, the policy, a program, the configuration's system prompt and
       instruction); the template's own tokens around the contents are parsed as usual. How: each
-      special token's string inside a content is replaced by a marker no text can forge (a fresh
-      random nonce per call), the template is rendered, the text between markers is tokenized
-      as usual and each marker becomes its string's split ids. So a text without special tokens
+      special token's string inside a content is replaced by a marker (private-use characters
+      around an index; a content's own private-use opening character is escaped the same way, so
+      no text can forge a marker), the template is rendered, the text between markers is
+      tokenized as usual and each marker becomes its string's split ids. So a text without special tokens
       gets exactly the ids it always had, and the template's own handling of contents (Qwen3
       moving an assistant turn's ``<think>`` into its reasoning block, Llama 3 trimming) applies.
       Two checks on every call: the rendered text, markers put back, is the template's own
@@ -44,13 +45,18 @@ from __future__ import annotations
 import functools
 import logging
 import re
-import secrets
+import weakref
 from typing import Any, Sequence
 
 logger = logging.getLogger(__name__)
 
-_OPEN, _CLOSE = "\ue000", "\ue001"  # private-use characters around a marker
+# Markers: private-use characters around an index. A content's own "\ue000" is escaped as a
+# special token's string is, so every "\ue000" in a rendering is a marker of this module's.
+_OPEN, _CLOSE = "\ue000", "\ue001"
+_PLACEHOLDER = re.compile(f"{_OPEN}#(\\d+){_CLOSE}")  # a message's content, in `_skeleton`
+_MARKER = re.compile(f"{_OPEN}\\.(\\d+){_CLOSE}")  # an escaped string, in `_escaped`
 _warned_splice = False
+_skeletons: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {structure: skeleton}
 
 
 class UntrustedTextError(ValueError):
@@ -104,17 +110,16 @@ def chat_ids(tokenizer, messages: Sequence[dict], **options: Any) -> list[int]:
     for message in messages:
         if not isinstance(message.get("content"), str):
             raise TypeError(f"a message's content must be a string, got {type(message.get('content')).__name__}")
-    nonce = f"{secrets.randbits(64):020d}"  # digits: a template's case or escaping leaves them as they are
     controls = control_ids(tokenizer)
-    parts, holes = _skeleton(tokenizer, messages, nonce, options)
+    parts, holes = _skeleton(tokenizer, messages, options)
     expected = [i for part in parts for i in part if i in controls]
-    ids = _escaped(tokenizer, messages, nonce, options)
+    ids = _escaped(tokenizer, messages, options)
     if ids is not None and [i for i in ids if i in controls] == expected:
         return ids
     _warn_splice(tokenizer)
     out: list[int] = []
     for k, part in enumerate(parts):
-        out += part
+        out += list(part)
         if k < len(holes):
             content = messages[holes[k]]["content"]
             last = options.get("continue_final_message") and holes[k] == len(messages) - 1
@@ -127,13 +132,24 @@ def _render(tokenizer, messages, options) -> str:
     return tokenizer.apply_chat_template(list(messages), tokenize=False, **options)
 
 
-def _skeleton(tokenizer, messages, nonce: str, options) -> tuple[list[list[int]], list[int]]:
+def _skeleton(tokenizer, messages, options) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
     """The template rendered around placeholder contents: its parts' ids (special tokens parsed)
-    and, between part k and k+1, which message's content goes there."""
-    holders = [dict(m, content=f"{_OPEN}{nonce}#{k}{_CLOSE}") for k, m in enumerate(messages)]
-    pieces = re.split(f"{_OPEN}{nonce}#(\\d+){_CLOSE}", _render(tokenizer, holders, options))
-    parts = [list(tokenizer(p, add_special_tokens=False)["input_ids"]) if p else [] for p in pieces[0::2]]
-    return parts, [int(k) for k in pieces[1::2]]
+    and, between part k and k+1, which message's content goes there. The same for every call
+    with the same roles and options (contents do not enter it), so it is kept per tokenizer."""
+    key = (repr(tokenizer.chat_template), len(tokenizer), repr(sorted(options.items())),
+           tuple(repr(sorted((k, v) for k, v in m.items() if k != "content")) for m in messages))
+    cache = _skeletons.setdefault(tokenizer, {})
+    if key not in cache:
+        holders = [dict(m, content=f"{_OPEN}#{k}{_CLOSE}") for k, m in enumerate(messages)]
+        pieces = _PLACEHOLDER.split(_render(tokenizer, holders, options))
+        texts = pieces[0::2]
+        ids = tokenizer([t for t in texts if t], add_special_tokens=False)["input_ids"] if any(texts) else []
+        it = iter(ids)
+        parts = tuple(tuple(next(it)) if t else () for t in texts)
+        if len(cache) >= 64:
+            cache.clear()
+        cache[key] = parts, tuple(int(k) for k in pieces[1::2])
+    return cache[key]
 
 
 @functools.lru_cache(maxsize=64)
@@ -141,22 +157,19 @@ def _specials_pattern(specials: tuple[str, ...]) -> re.Pattern:
     return re.compile("|".join(re.escape(s) for s in specials))
 
 
-def _escaped(tokenizer, messages, nonce: str, options) -> list[int] | None:
+def _escaped(tokenizer, messages, options) -> list[int] | None:
     """The template's own rendering with each special token's string in a content tokenized as
     text; None when the template did not pass the markers through unchanged."""
-    specials = special_strings(tokenizer)
     table: list[str] = []
 
     def mark(match: re.Match) -> str:
         table.append(match.group(0))
-        return f"{_OPEN}{nonce}.{len(table) - 1}{_CLOSE}"
+        return f"{_OPEN}.{len(table) - 1}{_CLOSE}"
 
-    escaped = messages
-    if specials:
-        pattern = _specials_pattern(specials)
-        escaped = [dict(m, content=pattern.sub(mark, m["content"])) for m in messages]
+    pattern = _specials_pattern(special_strings(tokenizer) + (_OPEN,))
+    escaped = [dict(m, content=pattern.sub(mark, m["content"])) for m in messages]
     rendered = _render(tokenizer, escaped, options)
-    pieces = re.split(f"{_OPEN}{nonce}\\.(\\d+){_CLOSE}", rendered)
+    pieces = _MARKER.split(rendered)
     if table and "".join(table[int(p)] if i % 2 else p for i, p in enumerate(pieces)) != _render(tokenizer, messages, options):
         return None
     ids: list[int] = []
