@@ -109,10 +109,11 @@ REWARD_MODES = ("all", "fraction")
 DEFAULT_TIMEOUT_S = 10.0  # per program, load and all tests together
 DEFAULT_MEMORY_MB = 1024
 # The caller's watchdog on the judge. Until the judge says the program runs: its set-up and the
-# sandbox's start-up (START_LIMIT_S in judge.py, 5 s); a judge stuck there is the harness's fault.
+# sandbox's start-up (START_LIMIT_S in judge.py, 10 s); a judge stuck there is the harness's fault.
 # After: the program's limit plus the judge's own clean-up; a judge stuck there is stuck on the
 # program's values (a C-level loop no signal interrupts), which is the program's timeout.
-SETUP_LIMIT_S = 15.0
+# (Twice START_LIMIT_S: the judge's own interpreter start comes first, as slow on a loaded machine.)
+SETUP_LIMIT_S = 20.0
 CLEANUP_GRACE_S = 5.0
 # The judge's stdout holds "running" and one verdict line whose detail it caps at 500
 # characters: more is a judge broken on the program's data, stopped there (not read into memory).

@@ -352,7 +352,9 @@ def run_assert(run):
     return _result(outcomes, None, detail)
 
 
-START_LIMIT_S = 5.0  # the first sandbox's start-up: the judge's time, not the program's
+START_LIMIT_S = 10.0  # the first sandbox's start-up: the judge's time, not the program's
+# (5 s was seen to expire at load ~13 on 2 cores: good programs came back unscorable. A start that
+# fails outright exits at once; this limit only ends one that hangs.)
 
 
 def _start(box, first):
