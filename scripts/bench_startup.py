@@ -4,7 +4,7 @@
     python scripts/bench_startup.py --baseline-tree /tmp/before --repeats 3   # against an older checkout
 
 Measured, each ``--repeats`` times, for this checkout (and for ``--baseline-tree`` when given,
-interleaved so both see the same machine):
+interleaved so both see the same machine, each going first in every other round):
 - ``help``, ``fit_help``: wall seconds of ``python -m ibpo_lit --help`` and ``fit --help``, with
   an empty help cache (``cold``) and right after (``kept``; `ibpo_lit.help_cache`);
 - ``first_step``: seconds from the command to the end of the first optimizer step of
@@ -12,7 +12,9 @@ interleaved so both see the same machine):
   saves every step, in every version of the project);
 - ``import_lightning``: wall seconds of ``python -c "import lightning.pytorch"``, the floor every
   command that builds the Trainer's parser pays.
-The report gives the median of each and the ratio of the baseline's median to this checkout's.
+Each also as CPU seconds (``*_cpu``: user + system of the process, its own children not
+counted), which a machine shared with other work disturbs far less than wall seconds. The report
+gives the median of each and the ratio of the baseline's median to this checkout's.
 Both trees' sources are compiled once before the first round (the runs do not write bytecode, so
 a fresh worktree would otherwise compile every module in every run while this checkout reads its
 ``__pycache__``).
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -36,19 +39,26 @@ def _env(tree: Path, cache: str) -> dict:
     return {**os.environ, "PYTHONPATH": str(tree), "IBPO_LIT_CACHE": cache, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def _timed(cmd: list[str], tree: Path, cache: str) -> float:
-    start = time.perf_counter()
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(cmd: list[str], tree: Path, cache: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one run of ``cmd``."""
+    start, cpu = time.perf_counter(), _children_cpu_s()
     subprocess.run(cmd, cwd=tree, env=_env(tree, cache), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    check=True, timeout=600)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, _children_cpu_s() - cpu
 
 
-def _first_step(tree: Path, cache: str) -> float:
+def _first_step(tree: Path, cache: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the fit's own process) to the end of the first step."""
     with tempfile.TemporaryDirectory() as root:
         ckpt = Path(root) / "checkpoints" / "last.ckpt"
         cmd = [sys.executable, "-m", "ibpo_lit", "fit", "--config", str(tree / "configs" / "tiny.yaml"),
                "--trainer.max_steps", "2", "--trainer.default_root_dir", root]
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _children_cpu_s()
         proc = subprocess.Popen(cmd, cwd=tree, env=_env(tree, cache), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         try:
@@ -56,10 +66,11 @@ def _first_step(tree: Path, cache: str) -> float:
                 if proc.poll() is not None:
                     raise RuntimeError(f"the tiny fit in {tree} ended (code {proc.returncode}) before its first step")
                 time.sleep(0.01)
-            return time.perf_counter() - start
+            wall = time.perf_counter() - start
         finally:
             proc.kill()
             proc.wait()
+        return wall, _children_cpu_s() - cpu
 
 
 def measure(tree: Path) -> dict[str, float]:
@@ -68,10 +79,11 @@ def measure(tree: Path) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as cache:
         for name, argv in (("help", ["--help"]), ("fit_help", ["fit", "--help"])):
             cmd = [sys.executable, "-m", "ibpo_lit", *argv]
-            out[f"{name}_cold"] = _timed(cmd, tree, cache)
-            out[f"{name}_kept"] = _timed(cmd, tree, cache)
-        out["first_step"] = _first_step(tree, cache)
-        out["import_lightning"] = _timed([sys.executable, "-c", "import lightning.pytorch"], tree, cache)
+            out[f"{name}_cold"], out[f"{name}_cold_cpu"] = _timed(cmd, tree, cache)
+            out[f"{name}_kept"], out[f"{name}_kept_cpu"] = _timed(cmd, tree, cache)
+        out["first_step"], out["first_step_cpu"] = _first_step(tree, cache)
+        out["import_lightning"], out["import_lightning_cpu"] = _timed([sys.executable, "-c", "import lightning.pytorch"],
+                                                                      tree, cache)
     return out
 
 
@@ -87,8 +99,9 @@ def main() -> None:
     for tree in trees.values():
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "ibpo_lit"), str(tree / "callbacks")],
                        stdout=subprocess.DEVNULL, check=True, timeout=600)
-    for _ in range(args.repeats):
-        for name, tree in trees.items():
+    for round_ in range(args.repeats):
+        order = list(trees.items())
+        for name, tree in order if round_ % 2 == 0 else order[::-1]:  # neither tree always goes first
             runs[name].append(measure(tree))
     medians = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
     result = {"repeats": args.repeats, "cpus": os.cpu_count(), "median_s": medians, "runs": runs}

@@ -1,8 +1,8 @@
 """What one GPU does with ibpo-lit's update and step, in stages, within a time budget.
 
     python scripts/gpu_check.py --budget-s 480                     # on the GPU machine (scripts/gpu_session.sh)
-    python scripts/gpu_check.py --device cpu --shapes tiny --row-tokens 64 128 --predict tiny-wide \\
-        --predict-row-tokens 128 --step-shape tiny --max-new-tokens 8 --budget-s 60   # the same code, CPU
+    python scripts/gpu_check.py --device cpu --shapes tiny --row-tokens 48 96 --prompt-tokens 16 --rows 4 \\
+        --predict tiny-wide --predict-row-tokens 96 --step-shape tiny --max-new-tokens 8   # the same code, CPU
 
 Stages, in this order, all in this one process (start-up is paid once; stage 3's fit test starts
 its own):
@@ -95,7 +95,7 @@ def parse_args(argv):
     return args
 
 
-def timed_imports() -> dict:
+def timed_imports(require_cuda: bool) -> dict:
     """Import what the cases use, one layer at a time, with the seconds each took (the process's
     first imports of torch, Lightning, transformers and ibpo-lit) and the custom operators torch
     registered on the way (issue 42: 0.26 s each on the GPU machine)."""
@@ -104,6 +104,9 @@ def timed_imports() -> dict:
     from torch._library import custom_ops
 
     out["torch_s"] = time.perf_counter() - start
+    if require_cuda and not torch.cuda.is_available():  # before the slower imports
+        print("gpu_check.py: no CUDA device: run on a GPU machine, or pass --device cpu", file=sys.stderr)
+        sys.exit(2)
     ops_after_torch = len(custom_ops.OPDEFS)
     register, later = custom_ops.CustomOpDef._register_to_dispatcher, []
 
@@ -189,8 +192,7 @@ def sdpa_probe() -> dict:
     return result
 
 
-def stage0(args, budget: Budget) -> dict:
-    imports = timed_imports()
+def stage0(args, budget: Budget, imports: dict) -> dict:
     from gpu_check_cases import gpu_memory
 
     import lightning
@@ -236,14 +238,9 @@ def commit() -> dict:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     budget = Budget(args.budget_s)
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            print("gpu_check.py: no CUDA device: run on a GPU machine, or pass --device cpu", file=sys.stderr)
-            sys.exit(2)
+    imports = timed_imports(require_cuda=args.device == "cuda")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env = stage0(args, budget)
+    env = stage0(args, budget, imports)
     date = datetime.datetime.now(datetime.timezone.utc)
     out = args.out or args.out_dir / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', env['device'])}_{date:%Y-%m-%d}.json"
     record = Record(out, {"schema": 1, **commit(), "device": env["device"], "date": date.isoformat(timespec="seconds"),
