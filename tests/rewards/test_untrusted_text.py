@@ -9,6 +9,12 @@ judge, a user question of the response's choosing for the reward model. Each sit
 tokenizers that have those special tokens (ChatML, Qwen3's shape, one that adds a BOS, SmolLM2's
 when fetched), with and without a chat template: the attack adds no control token (the special
 tokens of the result are those of the same call with harmless text), and its text is all there.
+Each site's test failed before issue 43 but the tool turn's, which already split its output.
+
+Then the one helper (`ibpo_lit.models.untrusted_text`): harmless text keeps the ids it always had,
+a template's own handling of contents (Qwen3's reasoning block) still applies, and its guards:
+a special token formed across a content's edge (shown getting through with the check off), a
+template that changes contents, a forged marker, a tokenizer that cannot split.
 """
 from __future__ import annotations
 
