@@ -313,14 +313,16 @@ class Judge:
                 report.timeout_message = deadline.message()
                 break
             batch = batches[k] if k < len(batches) else range(0)
-            result = self.generate([ids[j] for j in batch], n=1, seeds=[seeds[j] for j in batch], sampling=self.sampling)
+            result = self.generate([ids[j] for j in batch], n=1, seeds=[seeds[j] for j in batch],
+                                   sampling=self.sampling)
             replies = self.tokenizer.batch_decode(result.response_lists(), skip_special_tokens=True) if batch else []
             for j, reply in zip(batch, replies):
                 i = asked[j]
                 self.last_replies[i] = reply
                 out[i] = self.parse(reply)
                 if out[i] is None:
-                    out[i] = self._penalize(report, "off format", f"a reply without a well-formed verdict ({reply[:200]!r})")
+                    out[i] = self._penalize(report, "off format",
+                                            f"a reply without a well-formed verdict ({reply[:200]!r})")
         return out
 
     def _fits(self, question: str) -> bool:

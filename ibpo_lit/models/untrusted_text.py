@@ -74,7 +74,8 @@ def special_strings(tokenizer) -> tuple[str, ...]:
 def control_ids(tokenizer) -> frozenset[int]:
     """The ids of the tokenizer's special tokens, but for the unknown token (text outside the
     vocabulary is tokenized to it whatever its origin)."""
-    ids = {i for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items() if getattr(t, "special", False)}
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids = {i for i, t in added.items() if getattr(t, "special", False)}
     ids.update(getattr(tokenizer, "all_special_ids", None) or ())
     ids.discard(getattr(tokenizer, "unk_token_id", None))
     return frozenset(ids)
@@ -122,8 +123,9 @@ def chat_ids(tokenizer, messages: Sequence[dict], **options: Any) -> list[int]:
         out += list(part)
         if k < len(holes):
             content = messages[holes[k]]["content"]
+            # transformers cuts the spaces at the end of a message it continues
             last = options.get("continue_final_message") and holes[k] == len(messages) - 1
-            out += text_ids(tokenizer, content.rstrip() if last else content)  # transformers cuts a continued end's spaces
+            out += text_ids(tokenizer, content.rstrip() if last else content)
     return out
 
 
@@ -170,7 +172,8 @@ def _escaped(tokenizer, messages, options) -> list[int] | None:
     escaped = [dict(m, content=pattern.sub(mark, m["content"])) for m in messages]
     rendered = _render(tokenizer, escaped, options)
     pieces = _MARKER.split(rendered)
-    if table and "".join(table[int(p)] if i % 2 else p for i, p in enumerate(pieces)) != _render(tokenizer, messages, options):
+    restored = "".join(table[int(p)] if i % 2 else p for i, p in enumerate(pieces))
+    if table and restored != _render(tokenizer, messages, options):
         return None
     ids: list[int] = []
     for i, piece in enumerate(pieces):
