@@ -60,14 +60,21 @@ def test_math_scores_length_mismatch():
         math_scores(["a", "b"], ["1"])
 
 
+# A hang sleeps 100 s: ending well before that shows it was killed. The margin is wide because on a
+# loaded machine the kill and the reply take seconds (seen: over 3 s at load ~20); how fast the
+# pool is belongs to benchmarks, not to a test's clock.
+KILLED_WITHIN_S = TIMEOUT + 20
+
+
 @pytest.mark.parametrize("misbehaviour", ["SLEEP", "BUSY"])  # BUSY: a C loop SIGALRM cannot stop
 def test_hung_item_is_killed_and_the_pool_recovers(mixed_pool, misbehaviour):
+    assert mixed_pool.score([("#### 1", "1")]) == [1.0]  # the workers are up: their start is not timed
     before = dict(mixed_pool.stats)
     pids, restarts = mixed_pool.worker_pids, mixed_pool.restarts
     t0 = time.monotonic()
     assert mixed_pool.score([(misbehaviour, "1")]) == [None]
     elapsed = time.monotonic() - t0
-    assert TIMEOUT <= elapsed < TIMEOUT + 3
+    assert TIMEOUT <= elapsed < KILLED_WITHIN_S
     assert mixed_pool.stats["timeout"] == before["timeout"] + 1
     assert mixed_pool.restarts == restarts + 1
     assert len(set(mixed_pool.worker_pids) - set(pids)) == 1  # one worker replaced
@@ -79,7 +86,7 @@ def test_slow_item_does_not_stall_the_others(mixed_pool):
     pairs = [("SLEEP", "1")] + [(f"#### {k}", str(k)) for k in range(12)] + [("#### 1", "2")]
     t0 = time.monotonic()
     results = mixed_pool.score(pairs)
-    assert time.monotonic() - t0 < TIMEOUT + 3
+    assert time.monotonic() - t0 < KILLED_WITHIN_S  # (a stalled pool would wait out the 100 s sleep)
     assert results == [None] + [1.0] * 12 + [0.0]
 
 
