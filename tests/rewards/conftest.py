@@ -11,3 +11,12 @@ def isolated():
     if not (iso.bwrap and iso.per_run_uid):
         pytest.skip(f"needs bwrap and a per-run uid (root); missing: {iso.gaps}")
     return iso
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    """This host's isolation with bwrap (the code sandbox and the tool's); skipped without bwrap."""
+    iso = detect_isolation()
+    if not iso.bwrap:
+        pytest.skip("no bwrap")
+    return iso

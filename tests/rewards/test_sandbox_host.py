@@ -28,7 +28,6 @@ from pathlib import Path
 import pytest
 
 from ibpo_lit.rewards import run_tests
-from ibpo_lit.rewards.code import detect_isolation
 from ibpo_lit.rewards.python_tool import PythonTool
 from ibpo_lit.rewards.sandbox.isolation import Isolation
 
@@ -145,14 +144,6 @@ def _report(tool_or_iso, iso: Isolation) -> dict:
 @pytest.fixture
 def secret_env(monkeypatch):
     monkeypatch.setenv("IBPO_TEST_SECRET", SECRET)
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    iso = detect_isolation()
-    if not iso.bwrap:
-        pytest.skip("no bwrap")
-    return iso
 
 
 SURFACES = {"sys", "environ", "modules", "sysconfig", "process", "traceback", "tree", "interpreter texts"}

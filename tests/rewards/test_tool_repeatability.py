@@ -18,7 +18,7 @@ Not covered (docs/tools.md): the clock, the kernel's entropy (``os.urandom``, ``
 """
 import pytest
 
-from ibpo_lit.rewards.code import CodeTests, detect_isolation, run_code_tests
+from ibpo_lit.rewards.code import CodeTests, run_code_tests
 from ibpo_lit.rewards.python_tool import PythonTool
 
 from sandbox_launchers import editing
@@ -40,14 +40,6 @@ LATER = ("import time\ntime.sleep(0.6)\n"
          f"print(set({WORDS!r}), hash('x'))\n"
          "print(Plain(), id(object()))\n"
          "print(drawn, random.random(), os.getpid(), os.getuid(), os.uname().nodename)\n")
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    iso = detect_isolation()
-    if not iso.bwrap:
-        pytest.skip("no bwrap")
-    return iso
 
 
 def _twice(iso, cells):
