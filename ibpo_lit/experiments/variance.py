@@ -31,9 +31,12 @@ prompts' own blocks x P / (P - 1), the cross-prompt blocks x P (P - 1) / ((P - 1
 P / (P - 2)), so that "a batch of P prompts" is the quantity throughout. Each source gives a
 jackknife variance ``(n - 1) / n * sum (theta_i - mean)^2``; they are added (which counts the
 batch x prompt interaction twice: slightly conservative, as Owen's pigeonhole bootstrap), and the
-interval is ``point -+ t_df * sqrt(V)`` with Satterthwaite's degrees of freedom between M - 1
-and P - 1. Traces and ratios of traces are positive and skewed: their intervals are built on
-the log scale. The cosine is not a sum over prompts (its rescaled Gram need not be positive
+interval is ``point -+ t_df * sqrt(V)`` with the Welch-Satterthwaite degrees of freedom of that
+sum, each jackknife variance counted with its own n - 1: ``df = (V_b + V_p)^2 / (V_b^2 / (M - 1)
++ V_p^2 / (P - 1))``. That df lies between min(M - 1, P - 1) (one source dominates) and
+(M - 1) + (P - 1) (reached when V_b / V_p = (M - 1) / (P - 1)), not between M - 1 and P - 1;
+with batches only it is M - 1. Traces and ratios of traces are positive and skewed: their
+intervals are built on the log scale. The cosine is not a sum over prompts (its rescaled Gram need not be positive
 definite), so its interval leaves out batches only: it is conditional on the P prompts.
 
 For i.i.d. rows the trace falls as 1/rows; ``per_row`` and ``per_flop`` scale it by the batch's
