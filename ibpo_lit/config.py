@@ -14,6 +14,7 @@ from ibpo_lit.algorithms.registry import (
     TokenAdvantageSettings,
 )
 from ibpo_lit.algorithms.regularizers import KL_ESTIMATORS, RegularizerSettings
+from ibpo_lit.algorithms.rollout_correction import RolloutCorrectionSettings
 from ibpo_lit.algorithms.shaping import validate_shaping
 from ibpo_lit.rollout.engine import SamplingConfig
 from ibpo_lit.rollout.factory import ENGINES, Backend
@@ -347,6 +348,71 @@ class RolloutConfig:
             raise ValueError(f"rollout.mismatch_every_n_steps must be >= 0 (0 = never), got {self.mismatch_every_n_steps}")
         if self.backend not in ENGINES:
             raise ValueError(f"rollout.backend must be one of {', '.join(ENGINES.names())}, got {self.backend!r}")
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """Rollout correction: importance weights between the trainer's log-probs of the sampled
+    tokens (``pi_old``) and the engine's, at token or sequence level, capped (TIS) and/or with
+    tokens or rows outside a band rejected (MIS / RS). verl's names
+    (``algorithm.rollout_correction``); TRL's are mapped in docs/rollouts.md. The formula:
+    ``ibpo_lit/algorithms/rollout_correction.py``; metrics ``rollout_corr/*``.
+
+    Args:
+        enabled: Apply it (TRL's ``vllm_importance_sampling_correction``). Unset = auto: on when
+            the engine samples from a copy of the weights (``rollout.backend: vllm``: its own
+            kernels and precision, and weights as fresh as the last sync), off with ``hf``
+            (it samples from the trained model with the trainer's own log-prob function) and
+            with ``rollout.old_logp: rollout`` (the ratio is already taken against the
+            engine's log-probs: nothing is left to weight). An explicit value wins; ``true``
+            with ``rollout.old_logp: rollout`` is refused.
+        rollout_is: Importance weights ``pi_old / pi_engine``: ``token`` (each token its own
+            ratio), ``sequence`` (the row's product of ratios, on all its tokens) or null (no
+            weights: rejection only).
+        rollout_is_threshold: The cap C: weights above it are truncated to it (TIS; TRL's
+            ``vllm_importance_sampling_clip_max``, formerly ``_cap``). No lower truncation.
+        rollout_rs: Rejection: verl's options, comma-separated, all must pass (``token_k1``,
+            ``seq_sum_k1``, ``seq_mean_k1``, and the ``k2`` / ``k3`` ones, ``seq_max_k2``,
+            ``seq_max_k3``); a rejected token or row keeps weight 0. Null = none.
+        rollout_rs_threshold: One entry per ``rollout_rs`` option, or one for all: for a ``k1``
+            option a band ``'lower_upper'`` on ``pi_engine / pi_trainer`` (quote it in YAML) or
+            a number u for ``[1/u, u]``; for ``k2`` / ``k3`` an upper bound.
+    """
+
+    enabled: Optional[bool] = None
+    rollout_is: Optional[Literal["token", "sequence"]] = "token"
+    rollout_is_threshold: float = 2.0
+    rollout_rs: Optional[str] = None
+    rollout_rs_threshold: Optional[Union[float, str]] = None
+
+    def __post_init__(self) -> None:
+        settings = self.settings  # raises, naming verl's field
+        if self.enabled and not settings.active:
+            raise ValueError("model.rollout_correction.enabled is true but rollout_is and rollout_rs are both "
+                             "null: nothing would change; set one of them, or enabled: false")
+
+    @property
+    def settings(self) -> RolloutCorrectionSettings:
+        try:
+            return RolloutCorrectionSettings.parse(self.rollout_is, self.rollout_is_threshold, self.rollout_rs,
+                                                   self.rollout_rs_threshold)
+        except ValueError as err:
+            raise ValueError(f"model.rollout_correction.{err}") from None
+
+    def resolve(self, rollout: "RolloutConfig") -> Optional[RolloutCorrectionSettings]:
+        """The settings the update applies, or None (off): ``enabled`` as set, else auto (see the
+        class docstring). Raises when it is set on with ``rollout.old_logp: rollout``."""
+        if self.enabled is None:
+            on = ENGINES.get(rollout.backend).separate_weights and rollout.old_logp == "trainer"
+        else:
+            on = self.enabled
+        if on and rollout.old_logp == "rollout":
+            raise ValueError(
+                "model.rollout_correction.enabled: true contradicts model.rollout.old_logp: rollout: the ratio's "
+                "pi_old is then the engine's own log-probs, so the correction's weights would all be 1. Use "
+                "old_logp: trainer (the trainer's pi_old, reweighted by the correction), or enabled: false")
+        settings = self.settings
+        return settings if on and settings.active else None
 
 
 @dataclass

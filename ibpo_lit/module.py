@@ -40,7 +40,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from ibpo_lit.algorithms.advantages import rows_with_advantage
-from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
+from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig, RolloutCorrectionConfig
 from ibpo_lit.config_checks import check_fit_settings
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.data.val_benchmarks import VAL_SET_KEY
@@ -85,6 +85,9 @@ class IBPOModule(L.LightningModule):
             is ``trainer.precision``.
         algorithm: Loss, advantages and IBPO shaping.
         rollout: Sampling and how the rollout batch is split into updates.
+        rollout_correction: Importance weights between the trainer's and the engine's log-probs
+            of the sampled tokens (TIS, MIS/RS; verl's names). Auto: on with
+            ``rollout.backend: vllm``, off with ``hf`` (see ``RolloutCorrectionConfig``).
         optim: Optimizer and learning-rate schedule.
         reward: The reward: a built-in verifier by name (``math``: math-verify against the gold
             answer; ``code``: the gold's tests in the sandbox, docs/sandbox.md), an import path
@@ -148,6 +151,7 @@ class IBPOModule(L.LightningModule):
         gradient_checkpointing: bool = False,
         logprob_chunk_tokens: Optional[int] = 4096,
         lora: Optional[LoRAConfig] = None,
+        rollout_correction: RolloutCorrectionConfig = RolloutCorrectionConfig(),  # noqa: B008
     ) -> None:
         super().__init__()
         self.model_name = model
@@ -190,7 +194,8 @@ class IBPOModule(L.LightningModule):
         self.lora = lora
         # A LoRA checkpoint holds the adapters only; the base comes from `model` at load time.
         self.strict_loading = lora is None
-        self.updater = PolicyUpdate(algorithm, self.rollout_cfg, optim, max_nonfinite_steps, logprob_chunk_tokens)
+        self.updater = PolicyUpdate(algorithm, self.rollout_cfg, optim, max_nonfinite_steps, logprob_chunk_tokens,
+                                    correction=rollout_correction.resolve(self.rollout_cfg))  # (auto: by the engine)
         self.save_hyperparameters()
         self.automatic_optimization = False
 

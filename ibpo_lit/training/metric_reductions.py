@@ -44,6 +44,11 @@ REDUCTIONS: dict[str, str] = {
     "train/correction_alpha": MEAN, "rollout/logprob_mismatch": MEAN, "ciw/marker_frac": MEAN,
     "ciw/spans_per_rollout": MEAN, "ciw/distractor_frac": MEAN, "ciw/drop_mean": MEAN, "ciw/weight_answer": MEAN,
     "ciw/weight_reasoning": MEAN, "rollout/probe_mismatch": MAX, "rollout/sync_s": MAX,
+    # rollout correction (`algorithms/rollout_correction.py`): each rank's weights, shares and KLs
+    # over its rows; the ratios' extremes over every rank's
+    "rollout_corr/weight_mean": MEAN, "rollout_corr/weight_std": MEAN, "rollout_corr/truncated_frac": MEAN,
+    "rollout_corr/rejected_frac": MEAN, "rollout_corr/rejected_seq_frac": MEAN, "rollout_corr/seq_kl_k1": MEAN,
+    "rollout_corr/seq_kl_k3": MEAN, "rollout_corr/ratio_max": MAX, "rollout_corr/ratio_min": MIN,
     # tool-integrated rollouts: per rollout and per call on each rank's rows; a rank's tool time
     "rollout/tool_calls": MEAN, "rollout/tool_errors": MEAN, "rollout/tool_call_s": MEAN, "timing/tool_s": MAX,
 }

@@ -4,7 +4,8 @@
 micro-batches whose losses sum exactly to the mini-batch loss, with denominators counted over
 every rank; the policy loss's forward (``policy_loss``: the configured loss plus the KL and
 entropy terms, ``algorithms/regularizers.py``; the reference's log-probs once per rollout
-batch); global gradient-norm clipping; a step
+batch; the rollout correction's weights, ``algorithms/rollout_correction.py``, where its
+per-token weights are assembled); global gradient-norm clipping; a step
 whose loss or gradient norm is not finite is skipped (on every rank) and counted, and
 ``max_nonfinite_steps`` of them in a row stop the run. Under FSDP2 every forward is a
 collective, so every rank runs as many passes as the busiest one.
@@ -27,6 +28,7 @@ from torch import Tensor
 from ibpo_lit.algorithms.advantages import rows_with_advantage
 from ibpo_lit.algorithms.registry import POLICY_LOSSES, LossInputs
 from ibpo_lit.algorithms.regularizers import regularizers
+from ibpo_lit.algorithms.rollout_correction import CorrectionStats, RolloutCorrectionSettings, rollout_correction
 from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig
 from ibpo_lit.models.lora import is_lora, reference_of
 from ibpo_lit.rollout.batch import RolloutBatch
@@ -59,11 +61,18 @@ class PolicyUpdate:
         algorithm, rollout, optim: The module's configs.
         max_nonfinite_steps: Consecutive skipped steps that stop the run.
         logprob_chunk_tokens: Positions the LM head sees at once (``training.logprobs``).
+        correction: The rollout correction's settings, resolved
+            (``RolloutCorrectionConfig.resolve``); None = off.
     """
 
     def __init__(self, algorithm: AlgorithmConfig, rollout: RolloutConfig, optim: OptimConfig,
-                 max_nonfinite_steps: int, logprob_chunk_tokens: Optional[int]) -> None:
+                 max_nonfinite_steps: int, logprob_chunk_tokens: Optional[int],
+                 correction: Optional[RolloutCorrectionSettings] = None) -> None:
+        if correction is not None and rollout.old_logp == "rollout":
+            raise ValueError("a rollout correction needs rollout.old_logp: trainer (with 'rollout' its weights are 1)")
         self.algorithm, self.rollout_cfg, self.optim_cfg = algorithm, rollout, optim
+        self.correction = correction
+        self._correction_stats = CorrectionStats()  # this step's, over the rows its forwards saw
         self.max_nonfinite_steps = max_nonfinite_steps
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.loss_fn = POLICY_LOSSES.get(algorithm.loss)
@@ -117,9 +126,10 @@ class PolicyUpdate:
     # ------------------------------------------------------------------ the loop
     def run(self, update: UpdateBatch, optimizer, scheduler, step_index: int) -> dict[str, float]:
         """``num_mini_batches`` optimizer steps over ``update``; returns averaged metrics,
-        ``rollout/logprob_mismatch`` included."""
+        ``rollout/logprob_mismatch`` included, and ``rollout_corr/*`` with a rollout correction."""
         cfg, device = self.rollout_cfg, self.runtime.device
         self.step_index, self._mismatch = step_index, [0.0, 0.0]
+        self._correction_stats = CorrectionStats()
         every = cfg.mismatch_every_n_steps
         self._measure_mismatch = cfg.old_logp == "trainer" and every > 0 and step_index % every == 0
         batch = update.batch.to(device)
@@ -154,6 +164,8 @@ class PolicyUpdate:
         metrics = totals
         metrics["train/nonfinite_steps"] = float(self.nonfinite_total)  # a count, not a mean over mini-batches
         metrics["rollout/logprob_mismatch"] = self.mismatch_metric()
+        if self.correction is not None:
+            metrics.update(self._correction_stats.metrics())
         return metrics
 
     def _mini_batch(self, batch, advantages, token_weights, old_logp, ref_logp, rows, optimizer,
@@ -306,7 +318,8 @@ class PolicyUpdate:
         on-policy (``pi_old`` = this forward, detached); ``ref_logp`` [n, >=Lr] the reference's (needed when ``beta_kl > 0``). The
         entropy comes from this forward's logits (``train/entropy``). ``num_seqs``/``num_tokens`` are the global denominators (default: this
         batch's own), so several calls' losses add up to one batch's loss. ``bookkeeping=False``
-        (a padding pass) leaves the token counters and the mismatch metric alone.
+        (a padding pass) leaves the token counters and the mismatch and correction metrics alone.
+        With a rollout correction its weights multiply ``token_weights`` (`correction_weights`).
         """
         batch = batch.trimmed()
         reg = self.regularizer
@@ -325,16 +338,33 @@ class PolicyUpdate:
         # The policy's own tokens: tool-output tokens (tool-integrated rollouts) are in the
         # forward, as context, but neither in the loss nor in the importance ratio.
         mask = batch.policy_mask
+        weights = token_weights[:, :width] if token_weights is not None else None
+        if self.correction is not None:
+            # Multiplies each token's term: GRPO's clipped term, GSPO-token's term under GSPO's
+            # sequence ratio (verl's and TRL's choice; docs/rollouts.md#rollout-correction).
+            corrected = self.correction_weights(old, batch, bookkeeping)
+            weights = corrected if weights is None else weights * corrected
         inputs = LossInputs(
             logp, old, advantages[:, :width] if advantages.dim() == 2 else advantages, mask,
-            token_weights=token_weights[:, :width] if token_weights is not None else None,
-            num_seqs=num_seqs, num_tokens=num_tokens,
+            token_weights=weights, num_seqs=num_seqs, num_tokens=num_tokens,
         )
         loss, metrics = self.loss_fn(inputs, self.algorithm.loss_settings)
         extra, more = regularizers(logp, mask, reg,
                                    ref_logp=ref_logp[:, :width] if ref_logp is not None else None,
                                    entropy=entropy, num_seqs=num_seqs, num_tokens=num_tokens)
         return loss + extra, {**metrics, **more}
+
+    def correction_weights(self, trainer_logp: Tensor, batch: RolloutBatch, bookkeeping: bool = True) -> Tensor:
+        """[n, w] the rollout correction's weights of ``batch``'s sampled tokens: ``trainer_logp``
+        [n, w] (``pi_old``: kept, or this forward's own before the batch's first optimizer step)
+        against the engine's ``rollout_logp``, over the policy's tokens (tool output out).
+        ``bookkeeping``: add them to this step's ``rollout_corr/*`` metrics."""
+        width = trainer_logp.shape[1]
+        weights, stats = rollout_correction(trainer_logp, batch.rollout_logp[:, :width],
+                                            batch.policy_mask[:, :width], self.correction)
+        if bookkeeping:
+            self._correction_stats.add(stats)
+        return weights
 
     def logprobs(self, model: torch.nn.Module, batch: RolloutBatch) -> Tensor:
         """The trainer's response log-probs [B, Lr] (gradient as the caller's mode allows)."""
