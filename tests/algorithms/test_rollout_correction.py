@@ -179,11 +179,10 @@ THRESHOLDS = {"token_k1": "0.8_1.3", "seq_sum_k1": "0.5_1.8", "seq_mean_k1": "0.
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("rollout_is", ["token", "sequence", None])
-@pytest.mark.parametrize("option", REJECTION_OPTIONS.names() + [None])
+@pytest.mark.parametrize("rollout_is, option", [
+    (level, option) for level in ("token", "sequence", None) for option in REJECTION_OPTIONS.names() + [None]
+    if level is not None or option is not None])
 def test_every_level_and_option_matches_the_loop(seed, rollout_is, option):
-    if rollout_is is None and option is None:
-        pytest.skip("nothing to compute")
     g = torch.Generator().manual_seed(seed)
     trainer = -3 * torch.rand(5, 7, generator=g)
     spread = torch.tensor([0.05, 0.2, 0.3, 0.5, 0.8])[:, None]  # rows from near-agreement to far off
@@ -197,6 +196,39 @@ def test_every_level_and_option_matches_the_loop(seed, rollout_is, option):
     if option is not None:  # the thresholds above reject some tokens and keep others
         kept = (w > 0)[mask]
         assert kept.any() and not kept.all(), (option, threshold)
+
+
+def _trl(trainer, engine, mask, mode: str, clip_max: float, clip_min=None) -> torch.Tensor:
+    """TRL's GRPOTrainer ratio (``vllm_importance_sampling_mode``), as its docs define it, on the mask."""
+    diff = (trainer - engine) * mask
+    ratio = torch.exp(diff.sum(-1, keepdim=True) if mode.startswith("sequence") else diff)
+    if mode.endswith("truncate"):
+        ratio = ratio.clamp(min=clip_min, max=clip_max)
+    else:
+        low = clip_min if clip_min is not None else -math.inf
+        ratio = ratio.masked_fill((ratio < low) | (ratio > clip_max), 0.0)
+    return ratio.expand_as(diff) * mask
+
+
+@pytest.mark.parametrize("mode, ours", [
+    ("token_truncate", dict(rollout_is="token")),
+    ("sequence_truncate", dict(rollout_is="sequence")),
+    ("token_mask", dict(rollout_is="token", rs="token_k1", rs_threshold=f"{1 / 3}_inf")),
+    ("sequence_mask", dict(rollout_is="sequence", rs="seq_sum_k1", rs_threshold=f"{1 / 3}_inf")),  # TRL's default
+    ("token_mask+min", dict(rollout_is="token", rs="token_k1", rs_threshold=f"{1 / 3}_{1 / 0.8}")),
+])
+def test_trls_modes_map_onto_these_settings(mode, ours):
+    """docs/rollouts.md's table: TRL's four modes (cap C = 3, its default clip_max) as these settings.
+    A mask mode's band [c, C] on r is the k1 band [1/C, 1/c] on 1/r (no clip_min: 1/c = inf)."""
+    g = torch.Generator().manual_seed(4)
+    trainer = -2 * torch.rand(6, 5, generator=g)
+    engine = trainer + torch.tensor([0.1, 0.3, 0.5, 0.8, 1.0, 1.5])[:, None] * torch.randn(6, 5, generator=g)
+    mask = torch.rand(6, 5, generator=g) > 0.2
+    trl_mode, _, with_min = mode.partition("+")
+    expected = _trl(trainer, engine, mask, trl_mode, 3.0, 0.8 if with_min else None)
+    w, _ = rollout_correction(trainer, engine, mask, settings(cap=3.0, **ours))
+    torch.testing.assert_close(w, expected, rtol=1e-5, atol=1e-6)
+    assert ((w > 0) & (w < 3.0)).any() and ((w == 0) | (w == 3.0))[mask].any()  # both sides of the bounds
 
 
 def test_micro_batches_add_up_to_the_batch():
