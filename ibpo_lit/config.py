@@ -375,8 +375,9 @@ class RolloutCorrectionConfig:
             ``seq_sum_k1``, ``seq_mean_k1``, and the ``k2`` / ``k3`` ones, ``seq_max_k2``,
             ``seq_max_k3``); a rejected token or row keeps weight 0. Null = none.
         rollout_rs_threshold: One entry per ``rollout_rs`` option, or one for all: for a ``k1``
-            option a band ``'lower_upper'`` on ``pi_engine / pi_trainer`` (quote it in YAML) or
-            a number u for ``[1/u, u]``; for ``k2`` / ``k3`` an upper bound.
+            option a band ``'lower_upper'`` on ``pi_engine / pi_trainer`` (quoted in YAML, which
+            reads an unquoted 0.5_2 as the number 0.52) or a number u for ``[1/u, u]``; for ``k2``
+            / ``k3`` an upper bound.
     """
 
     enabled: Optional[bool] = None
