@@ -69,7 +69,7 @@ def _updater(correction, loss: str = "gspo", num_mini_batches: int = 1, eps: flo
 
 
 @pytest.mark.parametrize("loss", ["gspo", "grpo"])
-def test_the_weights_multiply_the_losss_token_weights(loss):
+def test_the_weights_multiply_the_losss_token_weights(loss, one_intra_op_thread):
     model = build_tiny_model(seed=0)
     batch = _batch(model)
     advantages = torch.tensor([1.0, -0.5, 0.7, -1.2])
@@ -89,7 +89,7 @@ def test_the_weights_multiply_the_losss_token_weights(loss):
         assert not torch.allclose(corrected, uncorrected)
 
 
-def test_tool_output_is_out_of_the_weights_and_the_sequence_product():
+def test_tool_output_is_out_of_the_weights_and_the_sequence_product(one_intra_op_thread):
     model = build_tiny_model(seed=0)
     batch = _batch(model, tools=True)
     updater = _updater(RolloutCorrectionSettings("sequence", 10.0, ()))
@@ -109,7 +109,7 @@ def test_tool_output_is_out_of_the_weights_and_the_sequence_product():
     assert abs(math.exp(float((old[0] - batch.rollout_logp[0])[batch.response_mask[0]].sum())) - expected) > 0.1
 
 
-def test_pi_old_kept_over_mini_batches_and_metrics_only_from_real_passes():
+def test_pi_old_kept_over_mini_batches_and_metrics_only_from_real_passes(one_intra_op_thread):
     model = build_tiny_model(seed=0)
     batch = _batch(model)
     updater = _updater(TIS, num_mini_batches=2)
