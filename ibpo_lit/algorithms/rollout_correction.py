@@ -16,7 +16,7 @@ Per policy token ``t`` of a row (tool-output tokens are out of ``mask``), with
   ``sequence``: ``w_t = min(exp(sum_s log r_s), C)`` on every token of the row (the row's
   product of ratios, bounded to exp(+-20) before the cap);
   ``None``: ``w_t = 1``. ``C`` is ``rollout_is_threshold``. No lower truncation (verl's choice:
-  a small weight is an unbiased one).
+  small weights cannot blow the variance up; raising them would only add bias).
 - Rejection, ``rollout_rs``: one or more of verl's options (all must pass), each a statistic of
   KL(pi_engine || pi_trainer) on the tokens sampled from the engine:
   ``k1 = -log r``, ``k2 = (log r)^2 / 2``, ``k3 = r - 1 - log r``. ``token_kX`` tests every
