@@ -1,0 +1,129 @@
+"""The numbers README.md quotes (its Results section and its speed bullet) and docs/benchmarks.md's
+table of the runs behind the speed medians, each with the file it is recomputed from."""
+from __future__ import annotations
+
+import statistics
+
+from quote_checks import BENCH_MD, README, Claim, Quote
+from results_files import *  # noqa: F403  (the recomputations these lists call)
+
+
+# README.md: the speed bullet, then the Results section
+README_QUOTES = [
+    Quote(README, "on one RL step of SmolLM2-135M ({} prompts x {} completions, fp32 trainer)",
+          lambda: [one(bench_settings("prompts_per_step")), one(bench_settings("group_size"))], S_BENCH),
+    Quote(README, "the median of the runs on file: {}x with the HF engine ({} runs, {}-{}x), {}x with an fp32 "
+                  "vLLM engine ({} runs, {}-{}x) and {}x with a bf16 vLLM engine ({} runs, {}x and {}x).",
+          speed_bullet, S_BENCH),
+    Quote(README, "train rows whose advantage is 0 ({}% of its rows in {} of these {} arm runs), TRL trains every row.",
+          zero_adv, S_BENCH),
+    Quote(README, "The runs, each on a {}-core CPU, under `results/bench_throughput/`:",
+          lambda: [one(bench_settings("threads"))], S_BENCH),
+    Quote(README, "`summary.json` and `fp32_bf16engine.json` (2026-11-21), `fp32_after_scale.json` (2026-11-24), "
+                  "`issue33/before_103b4bf.json` and `issue33/after.json` (2026-11-26)", lambda: [], S_BENCH),
+    Quote(README, "Measured on a 2-core CPU with SmolLM2-135M-Instruct, {} seeds per arm ({} for the main A/B),",
+          lambda: [min(len(arm_runs(c, a)) for c in (STRICT, CIW) for a in {r["arm"] for r in comparison(c)}),
+                   len(arm_runs(POWER2, "ibpo_plain"))], f"{S_ST}, {S_P2}", "Results"),
+    Quote(README, "GSPO + IBPO with G = 8 minus GSPO with G = 32, on {} held-out problems x {} samples (the measure "
+                  "this comparison was sized for): {} [{}, {}] (paired t, n = {} seeds, conditional on the shared "
+                  "problems), anything from {} worse to {} better.",
+          lambda: [arm_runs(POWER2, "ibpo_plain")[0]["final_eval_problems"],
+                   arm_runs(POWER2, "ibpo_plain")[0]["final_eval_k"], *p2_final(),
+                   -final_eval_diff(POWER2)[1], final_eval_diff(POWER2)[2]], S_P2, "Results"),
+    Quote(README, "On the 16 x 2 validation of the same last checkpoints: {} [{}, {}], which excludes 0.",
+          lambda: paired(POWER2, "ibpo_plain", "gspo_large_group")[:3], S_P2, "Results"),
+    Quote(README, "The budget matches estimated FLOPs (GSPO's runs ended {}% higher), not time: IBPO's runs took "
+                  "{}x the CPU-seconds, and the paper matches GPU-seconds. Its headline is G = 8 against G = 64, "
+                  "an 8x group.",
+          lambda: [100 * (mean_ratio(POWER2, "flops", "gspo_large_group", "ibpo_plain") - 1),
+                   mean_ratio(POWER2, "device_seconds", "ibpo_plain", "gspo_large_group")], S_P2, "Results"),
+    Quote(README, "(k1 - plain {} [{}, {}], n = {}, same shared problems)",
+          lambda: paired(STRICT, "k1", "ibpo_plain"), S_ST, "Results"),
+    Quote(README, "The IBPO paper's Table 3 ordering", lambda: [], "", "Results"),
+    Quote(README, "IBPO is not shown better than GSPO with a 4x group", lambda: [], "", "Results"),
+    Quote(README, "Of {} paired comparisons, {} exclude 0 at 95% (inverted CIW below GSPO, and the 16 x 2 result above)",
+          lambda: [len(report_pairs()), len(excluding_zero(report_pairs()))], S_ALL, "Results"),
+    Quote(README, "Its policy-gradient trace is {}x and {}x GSPO's on the same rollouts, with intervals that hold 1.",
+          lambda: [variance(w)["vs_baseline"]["ibpo_plain"]["trace_ratio"] for w in ("untrained", "gspo_checkpoint")],
+          S_VAR, "Results"),
+    Quote(README, "which alone would scale the trace to {}x and {}x; it fell less than that.",
+          lambda: [squared_rows_ratio(w) for w in ("untrained", "gspo_checkpoint")], S_VAR, "Results"),
+    Quote(README, "(paired difference {} [{}, {}] untrained)",
+          lambda: [variance("untrained")["vs_baseline"]["ibpo_plain"]["snr_minus_baseline"],
+                   *variance("untrained")["vs_baseline"]["ibpo_plain"]["snr_minus_baseline_ci"]], S_VAR, "Results"),
+    Quote(README, "at 135M, responses shrink to {}-{} tokens and corrections succeed {}-{}% of the time over a run's "
+                  "last 3 steps",
+          lambda: [min(response_len(STRICT, "ibpo_plain", -1)), max(response_len(STRICT, "ibpo_plain", -1)),
+                   *[100 * f([seed_t(c, "ibpo_plain", "correction_success_last")[0] for c in (STRICT, POWER, POWER2)])
+                     for f in (min, max)]], f"{S_ST}, {S_P}, {S_P2}", "Results"),
+    Quote(README, "The code sandbox passes all {} canonical HumanEval/MBPP solutions at {} s a program, {}x the bare "
+                  "judge ({} workers on a 2-core CPU, 2026-11-25, `results/bench_sandbox/sandbox.json`;",
+          lambda: [result_json("bench_sandbox/sandbox.json")["sandboxed"]["statuses"]["pass"],
+                   result_json("bench_sandbox/sandbox.json")["sandboxed"]["mean_s_per_program"],
+                   result_json("bench_sandbox/sandbox.json")["cost_ratio"],
+                   result_json("bench_sandbox/sandbox.json")["workers"]],
+          "results/bench_sandbox/sandbox.json", "Results"),
+]
+
+README_CLAIMS = [
+    Claim(README, "which excludes 0", lambda: paired(POWER2, "ibpo_plain", "gspo_large_group")[2] < 0, S_P2, "Results"),
+    Claim(README, "the same last checkpoints",  # the last validation is at the last step
+          lambda: all(r["series"]["val/accuracy"][-1][0] == r["steps"] - 1 for r in comparison(POWER2)), S_P2, "Results"),
+    Claim(README, "with intervals that hold 1",
+          lambda: all(lo < 1 < hi for w in ("untrained", "gspo_checkpoint")
+                      for lo, hi in [variance(w)["vs_baseline"]["ibpo_plain"]["trace_ratio_ci"]]), S_VAR, "Results"),
+    Claim(README, "it fell less than that",
+          lambda: all(variance(w)["vs_baseline"]["ibpo_plain"]["trace_ratio"] > squared_rows_ratio(w)
+                      for w in ("untrained", "gspo_checkpoint")), S_VAR, "Results"),
+    Claim(README, "Its signal-to-noise is no higher",
+          lambda: variance("untrained")["vs_baseline"]["ibpo_plain"]["snr_minus_baseline"] <= 0, S_VAR, "Results"),
+    Claim(README, "passes all", lambda: (lambda s: s["statuses"]["pass"] == s["programs"])(
+        result_json("bench_sandbox/sandbox.json")["sandboxed"]), "results/bench_sandbox/sandbox.json", "Results"),
+    Claim(README, "TRL trains every row", lambda: all(
+        r["zero_adv_frac"] == 0 for _, run in throughput_runs() for r in run["rows"] if r["arm"] == "trl"), S_BENCH),
+]
+
+
+# docs/benchmarks.md: the table of the runs README's speed medians take, one row a run
+def speed_table_row(path: str, label: str, date: str) -> Quote:
+    """The row of ``path``: its fp32 matmul peak, TRL's s/step and each arm's ratio (zero-advantage
+    share); an arm the run did not have is "-"."""
+    cells = ["{}x ({}%)" if any(p == path for p, _ in speed_rows(arm)) else "-" for arm in SPEED_ARMS]
+    return Quote(BENCH_MD, f"| `{path}`{label} | {date} | {{}} GFLOP/s | {{}} | " + " | ".join(cells) + " |",
+                 lambda: [run_of(path)["peak_flops"]["fp32"] / 1e9, trl_step(path)]
+                 + [v for arm in SPEED_ARMS if any(p == path for p, _ in speed_rows(arm)) for v in speed_cell(path, arm)],
+                 f"results/bench_throughput/{path}", SPEED)
+
+
+BENCH_QUOTES = [
+    *[speed_table_row(*run) for run in SPEED_RUNS],
+    Quote(BENCH_MD, "| **median** | | | | **{}x** ({} runs) | **{}x** ({} runs) | **{}x** ({} runs) |",
+          lambda: [v for arm in SPEED_ARMS for v in (speed_median(arm), len(speed_rows(arm)))], S_BENCH, SPEED),
+    Quote(BENCH_MD, "TRL's own step took {}-{} s across the runs below.",
+          lambda: [f(trl_step(path) for path in speed_files()) for f in (min, max)], S_BENCH, SPEED),
+    Quote(BENCH_MD, "In {} of the {} arm runs below, {}% of ibpo-lit's rows had advantage 0 and were not trained;",
+          lambda: [zero_adv()[1], zero_adv()[2], zero_adv()[0]], S_BENCH, SPEED),
+    Quote(BENCH_MD, "`fp32_compiled.json` (2026-11-21, compiled engines: fp32 {}x, bf16 {}x), `summary.json`'s bf16 arms "
+                    "(2026-11-21, a bf16 trainer too: HF {}x, vLLM {}x)",
+          lambda: [other_setup("fp32_compiled.json", "ibpo-vllm", "fp32"),
+                   other_setup("fp32_compiled.json", "ibpo-vllm-bf16engine", "fp32"),
+                   other_setup("summary.json", "ibpo-hf", "bf16"), other_setup("summary.json", "ibpo-vllm", "bf16")],
+          S_BENCH, SPEED),
+    Quote(BENCH_MD, "a TRL step of {} s against {}-{} s",
+          lambda: [round(statistics.fmean(trl_step(p) for p, _, d in SPEED_RUNS if d == "2026-11-26")),
+                   *[f(trl_step(p) for p, _, d in SPEED_RUNS if d != "2026-11-26") for f in (min, max)]], S_BENCH, SPEED),
+    Quote(BENCH_MD, "{}-{}x for the HF engine, {}-{}x for the fp32 vLLM engine.",
+          lambda: [*speed_range("ibpo-hf"), *speed_range("ibpo-vllm")], S_BENCH, SPEED),
+]
+
+BENCH_CLAIMS = [
+    Claim(BENCH_MD, "TRL had no row at 0 in any run", lambda: all(
+        r["zero_adv_frac"] == 0 for _, run in throughput_runs() for r in run["rows"] if r["arm"] == "trl"), S_BENCH, SPEED),
+    Claim(BENCH_MD, "(an HF arm with no TRL arm beside it, so no ratio)",
+          lambda: [r["arm"] for r in run_of("issue33/after_hf_rerun.json")["rows"]] == ["ibpo-hf"], S_BENCH, SPEED),
+    Claim(BENCH_MD, "about twice the earlier runs' matmul peak", lambda: 1.7 < statistics.fmean(
+        run_of(p)["peak_flops"]["fp32"] for p, _, d in SPEED_RUNS if d == "2026-11-26") / statistics.fmean(
+        run_of(p)["peak_flops"]["fp32"] for p, _, d in SPEED_RUNS if d != "2026-11-26") < 2.3, S_BENCH, SPEED),
+]
+
+
