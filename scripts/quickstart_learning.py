@@ -24,7 +24,7 @@ per-step training reward (4 prompts a step: about +-0.07):
 Writes ``OUT/summary.json`` (every run's per-step reward and response length, its avg@k and
 per-problem correct counts, the criteria, the command, the date, the commit and the CPU) and
 ``OUT/summary.md``. Resumable: a seed whose evaluation exists is not run again, a fit whose last
-step's checkpoint exists is not trained again.
+step's checkpoint exists is not trained again (a cut fit starts over).
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ import glob
 import json
 import os
 import statistics
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,15 @@ def _fit(seed: int, root: Path, overrides: list[str], threads: int | None) -> No
     root.mkdir(parents=True, exist_ok=True)
     with open(root / "fit.log", "w") as log:
         subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+
+
+def _finished(ckpt: Path, cfg: dict) -> bool:
+    """Whether ``ckpt`` holds the fit's last step (last.ckpt is also written every few steps)."""
+    if not ckpt.exists():
+        return False
+    import torch
+
+    return torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"] >= cfg["trainer"]["max_steps"]
 
 
 def _scalars(root: Path) -> dict[str, list[float]]:
@@ -150,7 +160,8 @@ def main() -> None:
     for seed in args.seeds:
         root = args.out / "runs" / f"seed{seed}"
         ckpt = root / "checkpoints" / "last.ckpt"
-        if not (args.out / f"eval_seed{seed}.json").exists() and not ckpt.exists():
+        if not (args.out / f"eval_seed{seed}.json").exists() and not _finished(ckpt, cfg):
+            shutil.rmtree(root, ignore_errors=True)  # a cut run starts over: its curves stay whole
             _fit(seed, root, overrides, args.threads)
         result = _evaluate(cfg, str(ckpt), held_out, args, args.out / f"eval_seed{seed}.json", args.threads)
         scalars = _scalars(root)
