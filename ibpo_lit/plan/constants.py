@@ -59,6 +59,12 @@ VLLM_ASLEEP_GIB = GpuConstant(
     1.5, "GiB", "what a sleeping vLLM engine keeps on each GPU (its CUDA-graph pool, NCCL buffers): "
     "counted in the update and the weight sync when the engine sleeps (review item 10: 1-2 GiB)")
 
+WEIGHT_SYNC_GB_PER_S = GpuConstant(
+    10.0, "GB/s", "the rate at which one engine-dtype copy of the full weights reaches a running engine: "
+    "FSDP2's gather and cast, the transfer (colocated: in place; a separate engine: an NCCL broadcast), vLLM's "
+    "load_weights. verl and OpenRLHF report seconds to tens of seconds for 7B-70B models: a round figure "
+    "inside that range, not a measurement")
+
 GPU_CONSTANTS: dict[str, GpuConstant] = {
     "H100 memory": H100_MEMORY_GIB,
     "overhead": OVERHEAD_GIB,
@@ -67,6 +73,7 @@ GPU_CONSTANTS: dict[str, GpuConstant] = {
     "vLLM base reserve": VLLM_BASE_RESERVE_GIB,
     "vLLM sampler copies": VLLM_SAMPLER_COPIES,
     "vLLM asleep": VLLM_ASLEEP_GIB,
+    "weight sync rate": WEIGHT_SYNC_GB_PER_S,
 }
 
 

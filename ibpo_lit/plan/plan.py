@@ -10,9 +10,14 @@ Times are worst cases at stated rates (`PlanSettings`): every response runs to
 engine's waves (how many of the sequences its KV cache holds at once) times one sequence's
 decoding at ``decode_tokens_per_s``; prefill is not counted. The update's is its FLOPs (6 per
 active parameter and trained token, 8 with gradient checkpointing; 2 per token of an extra
-no-grad forward) at ``mfu`` of ``peak_tflops``. The timeout a run needs: the longest time a
+no-grad forward) at ``mfu`` of ``peak_tflops``. The weight sync's is one engine-dtype copy of the
+weights at ``constants.WEIGHT_SYNC_GB_PER_S``. The timeout a run needs: the longest time a
 rank can wait in one collective, a rank whose engine finished waiting for the slowest engine's
 rollouts and corrections: 1.5 times those.
+
+The asynchronous line (`Plan.async_step_s`): generation one step ahead of training (one-step
+off-policy, the engine on GPUs of its own) costs the longer of generation and update plus the
+sync, where today's synchronous step costs their sum.
 """
 from __future__ import annotations
 
@@ -137,6 +142,18 @@ class Plan:
                 "model.rollout.sampling.max_new_tokens")
         return out
 
+    def seconds(self, *names: str) -> float:
+        return sum(p.seconds or 0.0 for p in self.phases if p.name in names)
+
+    @property
+    def async_step_s(self) -> float:
+        """One-step off-policy with the engine on GPUs of its own, as many as the trainer's:
+        generation (rollouts and corrections) of step t+1 runs while step t's update does, then
+        the weights move. On the same GPUs split between the two, the best split (each side's
+        share in proportion to its work, both scaling linearly) costs generation + update, the
+        synchronous step less its sync: the split buys memory (no sleeping engine), not time."""
+        return max(self.seconds("rollout", "corrections"), self.seconds("update")) + self.seconds("weight sync")
+
     def render(self) -> str:
         return render(self)
 
@@ -156,6 +173,7 @@ def build_plan(model: ModelShape, run: RunShape, settings: PlanSettings) -> Plan
     if run.backend == "vllm":
         parts = memory.sync_memory(model, run)
         phases.append(_phase("weight sync", parts, overhead, device))
+        phases[-1].seconds = model.params * run.engine_bytes / (constants.WEIGHT_SYNC_GB_PER_S.value * 1e9)
 
     candidate_tokens = fraction = None
     if run.corrections:

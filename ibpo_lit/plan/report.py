@@ -55,6 +55,12 @@ def render(plan) -> str:
                  + f" = {_time(sum(t for _, t in times))}"
                  + f"  [decode {s.decode_tokens_per_s:g} tokens/s a sequence; update {plan.step_flops / 1e15:.1f} PFLOP "
                  f"at {s.mfu:.0%} of {plan.peak_tflops:.0f} TFLOP/s]")
+    generation, update = plan.seconds("rollout", "corrections"), plan.seconds("update")
+    lines.append(f"one step off-policy, the engine on {r.processes} more GPU{'s' if r.processes > 1 else ''}: "
+                 f"max(generation {_time(generation)}, update {_time(update)}) + sync "
+                 f"{_time(plan.seconds('weight sync'))} = {_time(plan.async_step_s)}"
+                 + (f"; on these {r.processes} split between engine and trainer at best {_time(generation + update)} "
+                    "(no gain in time: the split saves the sleeping engine's memory)" if r.processes > 1 else ""))
     verdict = "ok" if plan.needed_timeout_s <= r.timeout_s or r.processes == 1 else "TOO SHORT"
     lines.append(f"collective timeout: needs {_time(plan.needed_timeout_s)}, "
                  f"trainer.strategy has {_time(r.timeout_s)}: {verdict}")

@@ -55,6 +55,25 @@ def test_the_32b_plan_in_numbers():
     assert plan.needed_timeout_s <= plan.run.timeout_s
 
 
+def test_the_async_line_is_the_longer_of_generation_and_update_plus_the_sync(capsys):
+    from ibpo_lit.plan.constants import WEIGHT_SYNC_GB_PER_S
+
+    plan = plan_for_config(["--config", config("qwen3_32b.yaml")])
+    seconds = {p.name: p.seconds for p in plan.phases}
+    # a bf16 copy of the weights at the stated rate
+    assert seconds["weight sync"] == pytest.approx(plan.model.params * 2 / (WEIGHT_SYNC_GB_PER_S.value * 1e9))
+    generation = seconds["rollout"] + seconds["corrections"]
+    assert generation > seconds["update"]  # the 32B config: generation-bound
+    assert plan.async_step_s == pytest.approx(generation + seconds["weight sync"])
+    assert plan.async_step_s < sum(seconds.values())  # synchronous: the sum of every phase
+    fast = plan_for_config(["--config", config("qwen3_32b.yaml"), "--plan.decode_tokens_per_s", "6000"])
+    fast_update = next(p.seconds for p in fast.phases if p.name == "update")
+    assert fast.async_step_s == pytest.approx(fast_update + seconds["weight sync"])  # now update-bound
+    assert plan_main(["--config", config("qwen3_32b.yaml")]) == 0
+    assert "one step off-policy, the engine on 32 more GPUs: max(generation 21.6 min, update 8.7 min) + sync 7 s " \
+        "= 21.7 min" in capsys.readouterr().out
+
+
 def test_the_80b_moe_counts_active_parameters_and_does_not_fit_80gb():
     plan = plan_for_config(["--config", config("qwen3_next_80b.yaml"), "--plan.gpu_memory_gib", "80"])
     assert plan.model.active_params < plan.model.params / 15  # ~3.9B of ~80B
