@@ -305,6 +305,12 @@ class RolloutConfig:
         num_mini_batches: Optimizer steps per rollout batch (PPO-style). 1 = on-policy.
         micro_batch_size: Responses per forward/backward pass (gradient accumulation inside a
             mini-batch; it does not change the loss).
+        micro_batch_tokens: Token budget of a forward/backward pass, beside ``micro_batch_size``:
+            a micro-batch holds at most ``micro_batch_size`` rows and at most this many tokens,
+            counted padded (rows x (longest prompt + longest response) of the micro-batch); rows
+            are taken shortest first, and a row longer than the budget runs alone. For every
+            trainer forward (pi_old, the update, the reference, the mismatch probe); the loss
+            is unchanged (its denominators are the mini-batch's). Unset = rows only.
         old_logp: Where ``pi_old`` comes from: ``trainer`` (the trained model's own forward,
             so rollout/trainer numerics cannot bias the ratio) or ``rollout`` (the engine's
             log-probs).
@@ -329,6 +335,7 @@ class RolloutConfig:
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     num_mini_batches: int = 1
     micro_batch_size: int = 8
+    micro_batch_tokens: Optional[int] = None
     old_logp: Literal["trainer", "rollout"] = "trainer"
     mismatch_every_n_steps: int = 1
     seed: Optional[int] = None
@@ -344,6 +351,8 @@ class RolloutConfig:
             raise ValueError(f"rollout.num_mini_batches must be >= 1, got {self.num_mini_batches}")
         if self.micro_batch_size < 1:
             raise ValueError(f"rollout.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ValueError(f"rollout.micro_batch_tokens must be >= 1 or unset, got {self.micro_batch_tokens}")
         if self.mismatch_every_n_steps < 0:
             raise ValueError(f"rollout.mismatch_every_n_steps must be >= 0 (0 = never), got {self.mismatch_every_n_steps}")
         if self.backend not in ENGINES:

@@ -1,14 +1,16 @@
 """``PolicyUpdate``: the update half of a step (step 5 of README's diagram).
 
 ``num_mini_batches`` optimizer steps over an ``UpdateBatch``, each accumulated over
-micro-batches whose losses sum exactly to the mini-batch loss, with denominators counted over
-every rank; the policy loss's forward (``policy_loss``: the configured loss plus the KL and
-entropy terms, ``algorithms/regularizers.py``; the reference's log-probs once per rollout
-batch; the rollout correction's weights, ``algorithms/rollout_correction.py``, where its
-per-token weights are assembled); global gradient-norm clipping; a step
-whose loss or gradient norm is not finite is skipped (on every rank) and counted, and
-``max_nonfinite_steps`` of them in a row stop the run. Under FSDP2 every forward is a
-collective, so every rank runs as many passes as the busiest one.
+micro-batches (at most ``rollout.micro_batch_size`` rows and, when set,
+``rollout.micro_batch_tokens`` tokens: ``training/micro_batches.py``) whose losses sum exactly
+to the mini-batch loss, with denominators counted over every rank; the policy loss's forward
+(``policy_loss``: the configured loss plus the KL and entropy terms,
+``algorithms/regularizers.py``; the reference's log-probs once per rollout batch; the rollout
+correction's weights, ``algorithms/rollout_correction.py``, where its per-token weights are
+assembled); global gradient-norm clipping; a step whose loss or gradient norm is not finite
+is skipped (on every rank) and counted, and ``max_nonfinite_steps`` of them in a row stop the
+run. Under FSDP2 every forward is a collective, so every rank runs as many passes as the
+busiest one (the extra ones on one prompt token and one response token).
 
 It is given what it works with: the configs when it is built, and once per fit (``bind``) the
 policy, its reference and an `UpdateRuntime` (the collectives, the device, Lightning's
@@ -36,7 +38,15 @@ from ibpo_lit.scale.collectives import SINGLE_PROCESS, RankSync
 from ibpo_lit.scale.fsdp2 import is_sharded
 from ibpo_lit.seeds import stream_seed
 from ibpo_lit.training.logprobs import response_logprobs, response_logprobs_and_entropy
+from ibpo_lit.training.metric_reductions import MAX, MIN, reduction_of
+from ibpo_lit.training.micro_batches import length_order, micro_batches, one_token_row, row_lengths
 from ibpo_lit.training.step_types import StepStats, UpdateBatch
+
+
+# The loss's metrics that are extremes (``train/ratio_max``): combined over a mini-batch's
+# micro-batches by their own max / min; a mean weighted by rows made them depend on the cut.
+# (Over mini-batches every metric is averaged, as before.)
+EXTREMES = {MAX: max, MIN: min}
 
 
 class NonFiniteError(RuntimeError):
@@ -180,16 +190,16 @@ class PolicyUpdate:
         num_seqs, num_tokens = sync.sum([float(len(rows)), float(batch.policy_mask[rows].sum())])
         active = self._trained_rows(rows, batch, advantages)  # the others stay in the denominators above
 
-        loss_total, weighted = 0.0, {}
-        micros = self._micro_batches(active)
+        loss_total, weighted, extremes = 0.0, {}, {}
+        micros = self._micro_batches(active, batch)
         # Under DDP/FSDP every backward (and under FSDP every forward) is a collective: all
-        # ranks run as many micro-batches as the busiest one, the others with passes whose loss
-        # is multiplied by 0 (the same forwards, nothing added to the gradient).
+        # ranks run as many micro-batches as the busiest one, the others with passes of one
+        # token whose loss is multiplied by 0 (the same collectives, nothing added to the gradient).
         for index in range(sync.max(len(micros))):
             padding = index >= len(micros)
             micro = torch.zeros(1, dtype=torch.long, device=rows.device) if padding else micros[index]
             loss, metrics = self.policy_loss(
-                batch.select(micro),
+                one_token_row(batch) if padding else batch.select(micro),
                 advantages[micro],
                 token_weights[micro] if token_weights is not None else None,
                 old_logp[micro] if old_logp is not None else None,
@@ -204,7 +214,12 @@ class PolicyUpdate:
             self.runtime.backward(loss * world)
             loss_total += float(loss.detach())
             for key, value in metrics.items():
-                weighted[key] = weighted.get(key, 0.0) + float(value) * len(micro)
+                name = key if "/" in key else f"train/{key}"
+                extreme = EXTREMES.get(reduction_of(name))  # train/ratio_max: the mini-batch's, whatever the cut
+                if extreme is not None:
+                    extremes[name] = extreme(extremes.get(name, float(value)), float(value))
+                else:  # the rest: a mean of the micro-batches' values, weighted by their rows
+                    weighted[name] = weighted.get(name, 0.0) + float(value) * len(micro)
 
         grad_norm = self.clip_and_check()
         finite = math.isfinite(loss_total) and math.isfinite(grad_norm)
@@ -229,7 +244,8 @@ class PolicyUpdate:
         # through the next rollouts, beside a woken engine (4 GB per rank at 32B, issue 31).
         optimizer.zero_grad(set_to_none=True)
 
-        out = {(k if "/" in k else f"train/{k}"): v / max(len(active), 1) for k, v in weighted.items()}
+        out = {k: v / max(len(active), 1) for k, v in weighted.items()}
+        out.update(extremes)
         out.update({"train/loss": loss_total, "train/grad_norm": grad_norm, "train/lr": scheduler.get_last_lr()[0]})
         return out
 
@@ -243,13 +259,14 @@ class PolicyUpdate:
         by prompt + response length (stable), so that a micro-batch's rows need less padding."""
         active = rows if self.regularizer.needs_every_row else rows[rows_with_advantage(advantages[rows])]
         active = active[batch.policy_mask[active].any(dim=1)]  # (tool-output tokens are not trained)
-        lengths = batch.response_mask[active].sum(dim=1) + batch.prompt_mask[active].sum(dim=1)
-        return active[torch.argsort(lengths, stable=True)]
+        return length_order(batch, active)
 
-    def _micro_batches(self, rows: Tensor) -> list[Tensor]:
-        """``rows`` cut into micro-batches of ``rollout.micro_batch_size``; none when ``rows`` is
-        empty (torch.split of an empty tensor yields one empty chunk)."""
-        return list(rows.split(self.rollout_cfg.micro_batch_size)) if len(rows) else []
+    def _micro_batches(self, rows: Tensor, batch: RolloutBatch) -> list[Tensor]:
+        """``rows`` of ``batch``, in their order, cut into micro-batches of at most
+        ``rollout.micro_batch_size`` rows and ``rollout.micro_batch_tokens`` tokens
+        (``training/micro_batches.py``); none when ``rows`` is empty."""
+        cfg = self.rollout_cfg
+        return micro_batches(rows, *row_lengths(batch), cfg.micro_batch_size, cfg.micro_batch_tokens)
 
     # ------------------------------------------------------------------ diagnostics
     def group_gradients(self, update: UpdateBatch, groups: Sequence[Tensor], params: Sequence[Tensor],
@@ -284,7 +301,7 @@ class PolicyUpdate:
             counted = rows if denominators == "group" else every
             num_seqs, num_tokens = float(len(counted)), float(batch.policy_mask[counted].sum())
             total = [torch.zeros_like(p, dtype=torch.float32) for p in params]
-            for micro in self._micro_batches(self._trained_rows(rows, batch, advantages)):
+            for micro in self._micro_batches(self._trained_rows(rows, batch, advantages), batch):
                 part = batch.select(micro)
                 with torch.enable_grad():
                     loss, _ = self.policy_loss(
@@ -390,24 +407,25 @@ class PolicyUpdate:
 
     @torch.no_grad()
     def logprobs_no_grad(self, model: torch.nn.Module, batch: RolloutBatch, count: bool = True) -> Tensor:
-        """Log-probs [B, Lr] in micro-batches; with collective forwards every rank runs as many
-        passes as the busiest (the extra ones on its first row, discarded). ``count``: add these
-        forwards to ``step_stats`` (the step's compute)."""
-        size = self.rollout_cfg.micro_batch_size
-        chunks = list(torch.arange(len(batch), device=batch.response_ids.device).split(size))
+        """Log-probs [B, Lr] in micro-batches (rows in their order, or shortest first under a
+        token budget); with collective forwards every rank runs as many passes as the busiest
+        (the extra ones of one token, discarded). ``count``: add these forwards to
+        ``step_stats`` (the step's compute)."""
+        rows = torch.arange(len(batch), device=batch.response_ids.device)
+        if self.rollout_cfg.micro_batch_tokens is not None:
+            rows = length_order(batch, rows)
+        chunks = self._micro_batches(rows, batch)
         passes = self.runtime.sync.max(len(chunks)) if self.uniform_forwards else len(chunks)
-        out = []
+        out = torch.zeros(batch.response_ids.shape, dtype=torch.float32, device=batch.response_ids.device)
         for index in range(passes):
             if index >= len(chunks):
-                self.logprobs(model, batch.select(torch.zeros(1, dtype=torch.long)))
+                self.logprobs(model, one_token_row(batch))
                 continue
             logp = self.logprobs(model, batch.select(chunks[index]))
-            out.append(torch.nn.functional.pad(logp, (0, batch.response_ids.shape[1] - logp.shape[1])))
+            out[chunks[index]] = torch.nn.functional.pad(logp, (0, batch.response_ids.shape[1] - logp.shape[1]))
             if count:
                 self._count(batch.select(chunks[index]), trained=False)
-        if not out:
-            return torch.zeros(batch.response_ids.shape, dtype=torch.float32, device=batch.response_ids.device)
-        return torch.cat(out)
+        return out
 
     def clip_and_check(self) -> float:
         """Clip by the global gradient norm (over DTensor shards, the norm of the whole
@@ -442,8 +460,7 @@ class PolicyUpdate:
             return
         every = torch.arange(len(batch), device=batch.prompt_ids.device)
         needed = len(batch) > 0 and len(self._trained_rows(every, batch, advantages)) == 0
-        probe = batch.select(torch.arange(max(min(len(batch), self.rollout_cfg.micro_batch_size), 1),
-                                          device=batch.prompt_ids.device))
+        probe = batch.select(self._probe_rows(batch))
         if self.uniform_forwards and self.runtime.sync.any(needed):
             with torch.no_grad():
                 logp = self.logprobs(self.policy, probe)
@@ -452,6 +469,14 @@ class PolicyUpdate:
                 self._count(probe, trained=False)
         elif needed:
             self._record_mismatch(self.logprobs_no_grad(self.policy, probe), probe)
+
+    def _probe_rows(self, batch: RolloutBatch) -> Tensor:
+        """The rows of the mismatch probe: the first micro-batch (under a token budget, of the
+        rows shortest first); row 0 of an empty batch, as a padding pass would."""
+        device = batch.prompt_ids.device
+        if self.rollout_cfg.micro_batch_tokens is None or not len(batch):
+            return torch.arange(max(min(len(batch), self.rollout_cfg.micro_batch_size), 1), device=device)
+        return self._micro_batches(length_order(batch), batch)[0]
 
     def mismatch_metric(self) -> float:
         """The step's mean |engine - trainer| log-prob per sampled token, at the sampled weights

@@ -1,0 +1,28 @@
+"""Token-budget micro-batches on 2 FSDP2 processes (tests/scale/micro_batch_ranks.py): rank 0
+runs more micro-batches than rank 1, which pads with passes of one token in lockstep; the
+update's gradient equals the plain model's over both ranks' rows, budget on and off, and the
+no-grad log-probs equal the plain model's."""
+import pytest
+
+from fit_runs import HERE, two_process_results
+
+
+@pytest.mark.slow
+def test_token_budget_on_two_ranks(tmp_path):
+    ranks = two_process_results(HERE / "micro_batch_ranks.py", tmp_path)
+    for label in ("on", "off"):
+        for rank in ranks:
+            assert rank[f"{label}_grad_max"] > 0
+            assert rank[f"{label}_grad_max_diff"] <= 1e-4 * rank[f"{label}_grad_max"], label
+        # each rank's loss is its share of the global loss
+        assert sum(r[f"{label}_loss"] for r in ranks) == pytest.approx(ranks[0]["expected_loss"], rel=1e-4)
+    on0, on1 = ranks[0]["on_forwards"], ranks[1]["on_forwards"]
+    assert len(on0) == len(on1) > len(ranks[0]["off_forwards"])  # lockstep, and the budget cut more passes
+    # rank 0's passes fit the budget (rows x longest prompt + response); rank 1 ran its one
+    # micro-batch, then padding passes of one prompt and one response token
+    assert all(rows * width <= 30 for rows, width in on0 if rows > 1)
+    padding = on1[1:]
+    assert padding and all(shape == [1, 2] for shape in padding)
+    logp0, logp1 = ranks[0]["logp_forwards"], ranks[1]["logp_forwards"]
+    assert len(logp0) == len(logp1) and all(shape == [1, 2] for shape in logp1[1:])
+    assert all(r["logp_max_diff"] < 1e-5 for r in ranks)
