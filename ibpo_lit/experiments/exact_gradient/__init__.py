@@ -13,7 +13,8 @@ policy are the testbed's.
 - ``policy``: the tiny policy (an MLP over prompt, position and prefix), sampling, log-probs,
   the exact objective and its gradient;
 - ``corrector``: compare-and-correct modelled on the policy (informative or not, tunable skill
-  and locality), reference choice, and the exact shaped objective;
+  and locality, optionally under a marker input the rollouts never see), reference choice, and
+  the exact shaped objective;
 - ``estimators``: the methods (GSPO, GRPO, IBPO plain / ratio / mask, shaping only, k = 1, CIW)
   and one draw of each's gradient;
 - ``measure``: bias, variance, MSE and cosine at a fixed policy, and learning curves;

@@ -28,6 +28,13 @@ policy's own correction behaviour, conditioned on the correction prompt through 
 The realised success rate (the share of corrections the verifier accepts) is measured, not
 set: it grows with ``skill``, with a right partner, and as the policy improves.
 
+``marker``: the corrections are drawn, and trained, under the correction marker (a policy built
+with ``marker=True``; ``policy.py``): ``pi_theta(v | x, y^_<t, marker)`` in ``q``, an input the
+policy's own rollouts never carry. Without it the redraws are the rollouts' own conditionals and
+whatever training on corrections teaches the policy holds on the original prompts for free (the
+most favourable case for joint training); with it, it must cross from the marked input to the
+unmarked one through the shared weights.
+
 Rewrite filter and kept positions: the project's ``edit_alignment`` functions, with the
 one-sided test without a partner (``training/corrections.py``'s ``is_rewrite``).
 """
@@ -61,11 +68,14 @@ class CorrectorSpec:
         skill: informative: probability of copying the partner's token at a fixable error;
             uninformative: probability of redrawing each token.
         locality: informative: probability of redrawing each token that is not a fixable error.
+        marker: the policy's redraws (and the correction samples' training) see the correction
+            marker, an input feature rollouts never carry (needs a ``TinyPolicy(marker=True)``).
     """
 
     kind: str = "informative"
     skill: float = 1.0
     locality: float = 0.0
+    marker: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

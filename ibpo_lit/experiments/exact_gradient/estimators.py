@@ -145,8 +145,10 @@ class Composed:
 
 
 def compose(method: Method, problem: Problem, table: Tensor, rollout_gen: torch.Generator,
-            correction_gen: torch.Generator, policy: Optional[TinyPolicy] = None) -> tuple[Composed, DrawInfo]:
-    """Steps 1-4 of the module docstring (``policy`` is needed for CIW's masked forwards)."""
+            correction_gen: torch.Generator, policy: Optional[TinyPolicy] = None,
+            correction_table: Optional[Tensor] = None) -> tuple[Composed, DrawInfo]:
+    """Steps 1-4 of the module docstring (``policy`` is needed for CIW's masked forwards;
+    ``correction_table``: the policy's table under the correction marker, default ``table``)."""
     g, t = method.group_size, problem.length
     prompts = torch.arange(problem.num_prompts).repeat_interleave(g)
     seqs = sample(problem, table, prompts, rollout_gen)
@@ -158,7 +160,8 @@ def compose(method: Method, problem: Problem, table: Tensor, rollout_gen: torch.
     if method.corrects:
         rng = random.Random(int(torch.randint(2 ** 62, (1,), generator=correction_gen)))
         pairs = choose_references(rewards.tolist(), prompts.tolist(), rng, with_partner=method.reference == "group")
-        extra = _corrections(method, problem, table, prompts, seqs, rewards, pairs, correction_gen, info)
+        extra = _corrections(method, problem, table if correction_table is None else correction_table, prompts, seqs,
+                             rewards, pairs, correction_gen, info)
         result = shape_rewards(rewards, extra["shaping_rewards"], extra["rewrite"], extra["kept"],
                                torch.ones(b, t, dtype=torch.bool), variant=method.variant, lam=method.lam,
                                beta=method.beta)
@@ -246,11 +249,19 @@ def ciw_weights(cfg: CIWConfig, problem: Problem, policy: TinyPolicy, prompts: T
 def draw_loss(method: Method, policy: TinyPolicy, table: Tensor, rollout_gen: torch.Generator,
               correction_gen: torch.Generator) -> tuple[Tensor, DrawInfo, Composed]:
     """One step's loss (a function of the policy's weights) and what the draw cost."""
-    composed, info = compose(method, policy.problem, table, rollout_gen, correction_gen, policy)
+    marked = method.corrector.marker and method.corrects
+    if marked and not policy.marker:
+        raise ValueError(f"{method.name}: a marker corrector needs a TinyPolicy built with marker=True")
+    correction_table = policy.log_table(marked=True).detach() if marked else None
+    composed, info = compose(method, policy.problem, table, rollout_gen, correction_gen, policy, correction_table)
     n, t = composed.seqs.shape
     active = torch.nonzero(composed.advantages != 0).squeeze(-1)
-    logp = policy.token_logp(composed.prompts[active], composed.seqs[active])
     corr = active >= composed.num_rollouts
+    if marked:  # correction rows under the marker, rollouts without (rollouts first in ``active``)
+        logp = torch.cat([policy.token_logp(composed.prompts[active[~corr]], composed.seqs[active[~corr]]),
+                          policy.token_logp(composed.prompts[active[corr]], composed.seqs[active[corr]], marked=True)])
+    else:
+        logp = policy.token_logp(composed.prompts[active], composed.seqs[active])
     if corr.any():
         c = active[corr] - composed.num_rollouts
         logq = correction_logp(logp[corr], composed.seqs[active[corr]], composed.anchor[c], composed.rho[c])

@@ -117,31 +117,40 @@ def cosine(a: Tensor, b: Tensor) -> float:
 
 
 # ---------------------------------------------------------------------- learning curves
-def learning_curve(method: Method, problem: Problem, seed: int, lr: float, steps: int, hidden: int = 64) -> dict:
+def learning_curve(method: Method, problem: Problem, seed: int, lr: float, steps: int, hidden: int = 64,
+                   until: Optional[dict[str, int]] = None) -> dict:
     """Train a fresh policy (weights and rollouts from ``seed``: runs of one seed are paired)
-    with Adam for ``steps`` steps of ``method``.
+    with Adam for ``steps`` steps of ``method`` (a marker corrector's policy has the marker
+    column, ``policy.py``); ``until`` ({"sequences": n, "context_tokens": m}) stops it earlier,
+    at the first point where every named total has reached its value.
 
     Returns ``curve``: the exact J before each step and after the last ([steps + 1]),
-    ``sequences``: the sequences generated before each of those points ([steps + 1]), and
-    ``final_accuracy``: each prompt's accuracy after the last step ([P])."""
-    policy = TinyPolicy(problem, hidden=hidden, seed=seed)
+    ``sequences``: the sequences generated before each of those points ([steps + 1]),
+    ``context_tokens`` likewise, and ``final_accuracy``: each prompt's accuracy after the last
+    step ([P])."""
+    policy = TinyPolicy(problem, hidden=hidden, seed=seed, marker=method.corrector.marker)
     optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
-    curve, sequences, total = [], [], 0
+    curve, sequences, tokens, total, total_tokens = [], [], [], 0, 0
     for step in range(steps + 1):
         table = policy.log_table().detach()
         objective, accuracy = exact_objective(problem, table)
         curve.append(float(objective))
         sequences.append(total)
-        if step == steps:
+        tokens.append(total_tokens)
+        reached = until is not None and all({"sequences": total, "context_tokens": total_tokens}[k] >= v
+                                            for k, v in until.items())
+        if step == steps or reached:
             break
         rollout_gen, correction_gen = draw_generators(seed, step)
         loss, info, _ = draw_loss(method, policy, table, rollout_gen, correction_gen)
         total += info.sequences
+        total_tokens += info.context_tokens
         optimizer.zero_grad(set_to_none=True)
         if loss.requires_grad:
             loss.backward()
             optimizer.step()
-    return {"curve": curve, "sequences": sequences, "final_accuracy": [round(float(a), 5) for a in accuracy]}
+    return {"curve": curve, "sequences": sequences, "context_tokens": tokens,
+            "final_accuracy": [round(float(a), 5) for a in accuracy]}
 
 
 def first_reaching(curve: list[float], target: float) -> Optional[int]:

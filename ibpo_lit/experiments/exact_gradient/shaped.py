@@ -54,7 +54,8 @@ def expected_delta(method: Method, policy: TinyPolicy, samples: int, generator: 
         partners = partner_distribution_draws(pr, sequence_logp(pr, table), wrong[:, 0], method.group_size,
                                               samples, generator).reshape(-1, pr.length)
     anchor, rho = anchors(pr, method.corrector, prompts, seqs, partners)
-    corrected = draw_corrections(pr, table, prompts, anchor, rho, generator)
+    redraws = policy.log_table(marked=True) if method.corrector.marker else table  # the corrector's own view
+    corrected = draw_corrections(pr, redraws, prompts, anchor, rho, generator)
     rewards = pr.reward(prompts, corrected)
     outcome = rewrite_filter(seqs, corrected, partners, rewards, method.alpha)
     kept_fraction = outcome.kept.double().mean(-1)
