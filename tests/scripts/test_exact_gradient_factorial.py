@@ -1,0 +1,105 @@
+"""scripts/exact_gradient_factorial.py: it refuses a protocol git does not hold unchanged, its
+endpoints and Holm adjustment are right on hand-computed cases, and its report prints every
+endpoint x setting x contrast the committed protocol names."""
+import random
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PROTOCOL = ROOT / "results" / "exact_gradient_factorial" / "protocol.yaml"
+
+
+@pytest.fixture(scope="module")
+def script(load_script):
+    return load_script("exact_gradient_factorial")
+
+
+def _git(cwd, *args):
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def test_refuses_an_uncommitted_or_modified_protocol(script, tmp_path):
+    _git(tmp_path, "init", "-q")
+    protocol = tmp_path / "protocol.yaml"
+    shutil.copy(PROTOCOL, protocol)
+    with pytest.raises(script.ProtocolError, match="not committed"):
+        script.protocol_commit(protocol)
+    _git(tmp_path, "add", "protocol.yaml")  # staged is not committed
+    with pytest.raises(script.ProtocolError, match="differs from its last commit"):
+        script.protocol_commit(protocol)
+    _git(tmp_path, "commit", "-q", "-m", "protocol")
+    commit = _git(tmp_path, "rev-parse", "HEAD").strip()
+    assert script.protocol_commit(protocol) == commit
+    protocol.write_text(protocol.read_text().replace("count: 200", "count: 100"))
+    with pytest.raises(script.ProtocolError, match="differs from its last commit"):
+        script.protocol_commit(protocol)
+    with pytest.raises(script.ProtocolError, match="differs from its last commit"):  # main checks before anything
+        script.main(["--protocol", str(protocol), "--report", "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_repository_protocol_is_committed_and_its_family_adds_up(script):
+    protocol = script.load_protocol(PROTOCOL)
+    assert protocol["inference"]["family_size"] == 3 * 6 * 7 == 126
+    assert len(script.protocol_commit(PROTOCOL)) == 40
+
+
+def test_holm_on_a_hand_computed_example(script):
+    # sorted: 0.005 x 4 = 0.02; 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; 0.04 x 1 = 0.04 -> raised to 0.06
+    assert script.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert script.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    # unlike Bonferroni, the second-smallest is multiplied by m - 1 only
+    assert script.holm([0.01, 0.02, 0.9]) == pytest.approx([0.03, 0.04, 0.9])
+
+
+def test_endpoints_on_a_hand_computed_curve(script):
+    curve, axis = [0.1, 0.5, 0.9], [0, 64, 128]
+    assert script.mean_over(curve, axis, 100) == pytest.approx((0.1 * 64 + 0.5 * 36) / 100)
+    assert script.mean_over(curve, axis, 128) == pytest.approx((0.1 + 0.5) / 2)
+    record = {"curve": curve, "sequences": axis, "context_tokens": [0, 900, 1800], "setting": "s", "arm": "a",
+              "seed": 0}
+    assert script.endpoint(record, {"kind": "value_at", "budget": 100}, "sequences", 8) == 0.5
+    # tokens in sequence-equivalents: 900 / (1 + 8) = 100 -> J after that step
+    assert script.endpoint(record, {"kind": "value_at", "budget": 100}, "context_tokens", 8) == 0.5
+    with pytest.raises(ValueError):
+        script.mean_over(curve, axis, 200)  # the run never reached the budget
+
+
+def _synthetic_records(script, protocol, seeds):
+    """A run record for every (setting, arm, seed) the script would run, with made-up curves."""
+    rng = random.Random(0)
+    records = []
+    for setting_name in protocol["settings"]:
+        length = script.setting(protocol, setting_name)["length"]
+        shared = (protocol.get("shared_runs") or {}).get(setting_name, {})
+        for arm in protocol["arms"]:
+            if arm in shared:
+                continue
+            for seed in seeds:
+                steps, rate = 100, rng.uniform(0.005, 0.02)
+                records.append({"protocol_commit": "x" * 40, "setting": setting_name, "arm": arm, "seed": seed,
+                                "seconds": 1.0, "curve": [min(1.0, 0.2 + rate * i) for i in range(steps + 1)],
+                                "sequences": [100 * i for i in range(steps + 1)],
+                                "context_tokens": [150 * (1 + length) * i for i in range(steps + 1)]})
+    return records
+
+
+def test_report_prints_every_endpoint_of_the_family(script):
+    protocol = script.load_protocol(PROTOCOL)
+    result = script.analyze(protocol, _synthetic_records(script, protocol, range(4)))
+    assert result["tested"] == 126 and not result["complete"]  # 4 seeds, not the protocol's 200
+    header = {"protocol_commit": "x" * 40, "protocol_sha256": "0" * 64, "code_commit": "y" * 40, "code_dirty": False}
+    text = script.report_text(protocol, result, header)
+    rows = [line.split(" | ") for line in text.splitlines()
+            if line.startswith("| ") and line.split(" | ")[1] in protocol["contrasts"]]
+    named = {(s, c, e) for s in protocol["settings"] for c in protocol["contrasts"] for e in protocol["endpoints"]}
+    assert {(r[0][2:], r[1], r[2]) for r in rows} == named and len(rows) == len(named) == 126
+    p_raw = [float(r[8]) for r in rows]
+    assert all(re.fullmatch(r"[\d.e+-]+", r[9]) for r in rows)  # every row has its Holm p
+    assert [float(r[9]) for r in rows] == pytest.approx(script.holm(p_raw), rel=0.05)  # printed to 2 digits
+    assert "Incomplete" in text and "ibpo_vs_gspo_tok" in text
