@@ -358,7 +358,7 @@ def report(protocol: dict, out: Path, header: dict) -> str:
     result = analyze(protocol, read_records(out, header["protocol_commit"]))
     text = report_text(protocol, result, header)
     (out / "report.md").write_text(text)
-    tmp = out / "results.json.tmp"
+    tmp = out / f"results.json.{os.getpid()}.tmp"  # two shards may finish together
     tmp.write_text(json.dumps({**header, **result}, indent=1))
     os.replace(tmp, out / "results.json")
     log(f"wrote {out / 'report.md'} ({result['tested']} of {result['family_size']} tests)")
