@@ -149,6 +149,8 @@ class VLLMWeightSync(L.Callback):
         """Stream the policy's weights into the engine and check the probe."""
         start = time.perf_counter()
         manifest = SyncManifest()
+        if hasattr(ctx.engine, "incoming_weights_version"):  # an engine that names the version in its errors
+            ctx.engine.incoming_weights_version = ctx.weights_version
         with torch.no_grad():
             ctx.engine.sync_weights(iter_full_weights(ctx.policy, manifest, dtype=getattr(ctx.engine, "weights_dtype", None)))
         self.last_seconds = time.perf_counter() - start

@@ -11,6 +11,9 @@ What is covered:
       FSDP2 plan's ``reshard_after_forward`` for a sharded policy.
     * ``vllm``: ``VLLMRolloutEngine``, a separate copy of the weights. Where its start-up
       weights come from is decided in ``_vllm_engine`` (one rule, explained there).
+    * ``vllm_server``: ``VLLMServerEngine``, a vLLM server in its own processes
+      (``rollout.vllm.server``), attached to and given the policy's weights by one sync as it
+      is built (``_vllm_server_engine``).
     * Stop tokens are ``eos_token_ids(policy, tokenizer)`` and padding the tokenizer's pad id,
       whatever the backend.
     * Every engine is built under the process's plain tensor defaults (`plain_tensor_defaults`),
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
     from ibpo_lit.rollout.engine import RolloutEngine, SamplingConfig
     from ibpo_lit.rollout.vllm_engine import VLLMConfig
 
-Backend = Literal["hf", "vllm"]
+Backend = Literal["hf", "vllm", "vllm_server"]
 """The names in ``ENGINES``, spelled out for the command line's type checks and ``--help``."""
 
 
@@ -177,5 +180,32 @@ def _vllm_engine(policy, tokenizer, sampling: SamplingConfig, settings: EngineSe
     return engine
 
 
+def _vllm_server_engine(policy, tokenizer, sampling: SamplingConfig, settings: EngineSettings) -> RolloutEngine:
+    """Attach to the server and sync the policy's weights into it once: the server started from
+    its own files, which need not be the policy's (a model built in code, a checkpoint, a resumed
+    run), and an evaluation samples right away. (Training's ``VLLMWeightSync`` syncs again before
+    the first rollout of a fit: one sync more than needed at start, for one rule.)"""
+    import torch
+
+    from ibpo_lit.models.loading import eos_token_ids
+    from ibpo_lit.rollout.vllm_engine import VLLMConfig
+    from ibpo_lit.rollout.vllm_server import VLLMServerEngine
+    from ibpo_lit.rollout.weights import SyncManifest, _unique_tensors, iter_full_weights
+
+    config = settings.vllm or VLLMConfig()
+    dtype = getattr(torch, settings.dtype if config.dtype == "auto" else config.dtype)
+    weight_bytes = sum(t.numel() for _, t in _unique_tensors(policy)) * dtype.itemsize
+    engine = VLLMServerEngine(config.server, eos_token_ids(policy, tokenizer), tokenizer.pad_token_id, sampling,
+                              weights_dtype=dtype, weight_bytes=weight_bytes, policy=policy)
+    manifest = SyncManifest()
+    with torch.no_grad():
+        engine.sync_weights(iter_full_weights(policy, manifest, dtype=engine.weights_dtype))
+    if manifest.missing():
+        raise RuntimeError(f"the vLLM server's first sync did not send {len(manifest.missing())} of the policy's "
+                           f"tensors ({', '.join(manifest.missing()[:5])})")
+    return engine
+
+
 ENGINES.register("hf")(EngineBackend(build=_hf_engine, separate_weights=False))
 ENGINES.register("vllm")(EngineBackend(build=_vllm_engine, separate_weights=True))
+ENGINES.register("vllm_server")(EngineBackend(build=_vllm_server_engine, separate_weights=True))

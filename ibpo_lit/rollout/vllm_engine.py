@@ -42,8 +42,9 @@ What is covered:
       starts (vLLM sets its own).
 
 What is not covered:
-    * A separate vLLM server (TRL's server mode); the engine always lives in the trainer's
-      process, as verl's and TRL's colocated modes do.
+    * A separate vLLM server (TRL's server mode): ``rollout.backend: vllm_server``
+      (`ibpo_lit.rollout.vllm_server`); this engine always lives in the trainer's process, as
+      verl's and TRL's colocated modes do.
     * LoRA adapters and quantised rollouts.
     * vLLM is imported only when an engine is built, so everything else runs without it.
 """
@@ -54,7 +55,7 @@ import os
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Literal, Optional, Sequence
 
 import torch
@@ -62,6 +63,7 @@ from torch import Tensor
 
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.rollout.engine import RolloutEngine, SamplingConfig, check_generate_args
+from ibpo_lit.rollout.vllm_server import VLLMServerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +121,9 @@ class VLLMConfig:
             code, or evaluated from memory) always starts ``dummy`` and gets them by one sync as
             its engine is built.
         seed: vLLM's global seed (each response also has its own seed).
+        server: A vLLM engine in its own processes (``rollout.backend: vllm_server`` only):
+            where it listens, how weights reach it, its deadlines (``VLLMServerConfig``). Of
+            the settings above only ``dtype`` applies to it; the server has its own.
     """
 
     tensor_parallel_size: int = 1
@@ -135,6 +140,7 @@ class VLLMConfig:
     distributed_executor_backend: Optional[str] = None
     load_format: Literal["dummy", "auto"] = "dummy"
     seed: int = 0
+    server: VLLMServerConfig = field(default_factory=VLLMServerConfig)
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:

@@ -12,7 +12,7 @@ from ibpo_lit.rollout.factory import ENGINES, Backend, build_engine
 
 
 def test_the_command_line_names_are_the_registry_names():
-    assert sorted(get_args(Backend)) == ENGINES.names() == ["hf", "vllm"]
+    assert sorted(get_args(Backend)) == ENGINES.names() == ["hf", "vllm", "vllm_server"]
 
 
 def test_hf_samples_from_the_policy_itself_with_the_training_settings():
@@ -28,9 +28,9 @@ def test_hf_samples_from_the_policy_itself_with_the_training_settings():
 
 
 def test_an_unknown_backend_lists_the_valid_ones():
-    with pytest.raises(ValueError, match="unknown rollout backend 'sglang'; valid: hf, vllm"):
+    with pytest.raises(ValueError, match="unknown rollout backend 'sglang'; valid: hf, vllm, vllm_server"):
         build_engine(None, None, SamplingConfig(), "sglang")
-    with pytest.raises(ValueError, match="rollout.backend must be one of hf, vllm, got 'sglang'"):
+    with pytest.raises(ValueError, match="rollout.backend must be one of hf, vllm, vllm_server, got 'sglang'"):
         RolloutConfig(backend="sglang")
 
 
