@@ -100,6 +100,8 @@ def rollout_memory(model: ModelShape, run: RunShape, device_bytes: float, sequen
     if run.backend == "vllm":
         parts["vLLM engine (weights, reserve, KV cache)"] = engine_share(run, device_bytes)
         return parts
+    if run.backend == "vllm_server":  # the engine lives on GPUs of its own: the trainer's hold its state only
+        return parts
     # HF engine: the whole model gathered for decoding, every sequence's cache at once, and
     # the float32 logits of one decoding step
     if run.sharded or run.compute_bytes < run.param_bytes:
@@ -111,9 +113,10 @@ def rollout_memory(model: ModelShape, run: RunShape, device_bytes: float, sequen
 
 
 def sync_memory(model: ModelShape, run: RunShape) -> dict[str, float]:
-    """One GPU during the weight sync (vLLM only)."""
+    """One of the trainer's GPUs during the weight sync (vLLM in process or a vLLM server)."""
     parts = trainer_state(model, run, with_grads=False)
-    parts["engine weights"] = engine_weights(model, run)
+    if run.backend == "vllm":  # colocated: the engine's weights share the GPU (a server's do not)
+        parts["engine weights"] = engine_weights(model, run)
     parts["one tensor gathered and cast"] = model.largest_tensor * (run.param_bytes + run.engine_bytes)
     parts.update(asleep(run))
     return parts

@@ -170,7 +170,7 @@ def build_plan(model: ModelShape, run: RunShape, settings: PlanSettings) -> Plan
     per_engine = run.prompts_per_rank * run.tensor_parallel * run.group_size
     phases.append(_generation_phase("rollout", model, run, device, overhead, per_engine, rollout_len,
                                     run.max_new_tokens, rate))
-    if run.backend == "vllm":
+    if run.backend in ("vllm", "vllm_server"):
         parts = memory.sync_memory(model, run)
         phases.append(_phase("weight sync", parts, overhead, device))
         phases[-1].seconds = model.params * run.engine_bytes / (constants.WEIGHT_SYNC_GB_PER_S.value * 1e9)
@@ -231,6 +231,8 @@ def _generation_phase(name: str, model: ModelShape, run: RunShape, device: float
         waves = math.ceil(sequences / at_once)
     else:
         waves = 1
+        if run.backend == "vllm_server":
+            phase.notes.append("on the vLLM server's own GPUs: its memory and KV cache are not planned here")
     phase.seconds = waves * new_tokens / rate
     phase.notes.append(f"{waves} wave{'s' if waves > 1 else ''} of {new_tokens} decoded tokens")
     return phase

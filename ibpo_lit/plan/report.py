@@ -25,7 +25,8 @@ def _time(seconds: float) -> str:
 def render(plan) -> str:
     m, r, s = plan.model, plan.run, plan.settings
     strategy = f"FSDP2 over {r.processes}" if r.sharded else ("DDP" if r.processes > 1 else "one process")
-    engine = f"vLLM TP{r.tensor_parallel}" if r.backend == "vllm" else "HF engine"
+    engine = {"vllm": f"vLLM TP{r.tensor_parallel}", "vllm_server": "a vLLM server on GPUs of its own"}.get(
+        r.backend, "HF engine")
     lines = [
         f"plan for {r.processes} GPU{'s' if r.processes > 1 else ''} of {gib(plan.device_gib)} GiB "
         f"({plan.device_source}), {strategy}, {engine}",

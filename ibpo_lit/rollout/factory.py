@@ -151,11 +151,8 @@ def _vllm_engine(policy, tokenizer, sampling: SamplingConfig, settings: EngineSe
       ``iter_full_weights`` of an FSDP2 model is a collective, and every rank builds its engine
       at the same point. The folder belongs to the engine (``model_folder``), removed with it.
     """
-    import torch
-
     from ibpo_lit.models.loading import eos_token_ids
     from ibpo_lit.rollout.vllm_engine import VLLMConfig, VLLMRolloutEngine
-    from ibpo_lit.rollout.weights import SyncManifest, iter_full_weights
 
     config = settings.vllm or VLLMConfig()
     eos, pad = eos_token_ids(policy, tokenizer), tokenizer.pad_token_id
@@ -171,11 +168,21 @@ def _vllm_engine(policy, tokenizer, sampling: SamplingConfig, settings: EngineSe
     engine = VLLMRolloutEngine(folder.name, eos, pad, sampling, dataclasses.replace(config, load_format="dummy"),
                                torch_dtype=settings.dtype, tokenizer=folder.name if settings.stop_strings else None)
     engine.model_folder = folder
+    return _first_sync(engine, policy, "the vLLM engine")
+
+
+def _first_sync(engine, policy, what: str):
+    """Send ``policy``'s weights into ``engine`` once, refusing a sync that missed a tensor (it
+    would keep the engine's placeholder or start-up value)."""
+    import torch
+
+    from ibpo_lit.rollout.weights import SyncManifest, iter_full_weights
+
     manifest = SyncManifest()
     with torch.no_grad():
         engine.sync_weights(iter_full_weights(policy, manifest, dtype=engine.weights_dtype))
     if manifest.missing():
-        raise RuntimeError(f"the vLLM engine's first sync did not send {len(manifest.missing())} of the policy's "
+        raise RuntimeError(f"{what}'s first sync did not send {len(manifest.missing())} of the policy's "
                            f"tensors ({', '.join(manifest.missing()[:5])}): they would keep placeholder values")
     return engine
 
@@ -190,20 +197,14 @@ def _vllm_server_engine(policy, tokenizer, sampling: SamplingConfig, settings: E
     from ibpo_lit.models.loading import eos_token_ids
     from ibpo_lit.rollout.vllm_engine import VLLMConfig
     from ibpo_lit.rollout.vllm_server import VLLMServerEngine
-    from ibpo_lit.rollout.weights import SyncManifest, _unique_tensors, iter_full_weights
+    from ibpo_lit.rollout.weights import _unique_tensors
 
     config = settings.vllm or VLLMConfig()
     dtype = getattr(torch, settings.dtype if config.dtype == "auto" else config.dtype)
     weight_bytes = sum(t.numel() for _, t in _unique_tensors(policy)) * dtype.itemsize
     engine = VLLMServerEngine(config.server, eos_token_ids(policy, tokenizer), tokenizer.pad_token_id, sampling,
                               weights_dtype=dtype, weight_bytes=weight_bytes, policy=policy)
-    manifest = SyncManifest()
-    with torch.no_grad():
-        engine.sync_weights(iter_full_weights(policy, manifest, dtype=engine.weights_dtype))
-    if manifest.missing():
-        raise RuntimeError(f"the vLLM server's first sync did not send {len(manifest.missing())} of the policy's "
-                           f"tensors ({', '.join(manifest.missing()[:5])})")
-    return engine
+    return _first_sync(engine, policy, "the vLLM server")
 
 
 ENGINES.register("hf")(EngineBackend(build=_hf_engine, separate_weights=False))

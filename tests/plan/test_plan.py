@@ -74,6 +74,19 @@ def test_the_async_line_is_the_longer_of_generation_and_update_plus_the_sync(cap
         "= 21.7 min" in capsys.readouterr().out
 
 
+def test_a_vllm_server_is_not_counted_on_the_trainers_gpus(capsys):
+    args = ["--config", config("qwen3_32b.yaml"), "--model.rollout.backend", "vllm_server"]
+    server, colocated = plan_for_config(args), plan_for_config(["--config", config("qwen3_32b.yaml")])
+    phases = {p.name: p for p in server.phases}
+    state = memory.trainer_state(server.model, server.run, with_grads=False)
+    assert phases["rollout"].parts == state and phases["corrections"].parts == state  # no engine, no HF KV cache
+    assert "engine weights" not in phases["weight sync"].parts
+    assert phases["weight sync"].seconds == next(p.seconds for p in colocated.phases if p.name == "weight sync")
+    assert "vLLM asleep (CUDA-graph pool, NCCL buffers)" not in phases["update"].parts
+    assert plan_main(args) == 0
+    assert "a vLLM server on GPUs of its own" in capsys.readouterr().out
+
+
 def test_the_80b_moe_counts_active_parameters_and_does_not_fit_80gb():
     plan = plan_for_config(["--config", config("qwen3_next_80b.yaml"), "--plan.gpu_memory_gib", "80"])
     assert plan.model.active_params < plan.model.params / 15  # ~3.9B of ~80B
