@@ -311,6 +311,10 @@ class RolloutConfig:
             are taken shortest first, and a row longer than the budget runs alone. For every
             trainer forward (pi_old, the update, the reference, the mismatch probe); the loss
             is unchanged (its denominators are the mini-batch's). Unset = rows only.
+        train_zero_advantage_rows: Forward and backward the rows whose advantage is 0 as well.
+            Their gradient is exactly 0 without a KL or entropy term, so by default they are
+            skipped (and with those terms every row is trained anyway); true only costs time,
+            for a like-for-like speed comparison with a trainer that trains every row (TRL).
         old_logp: Where ``pi_old`` comes from: ``trainer`` (the trained model's own forward,
             so rollout/trainer numerics cannot bias the ratio) or ``rollout`` (the engine's
             log-probs).
@@ -336,6 +340,7 @@ class RolloutConfig:
     num_mini_batches: int = 1
     micro_batch_size: int = 8
     micro_batch_tokens: Optional[int] = None
+    train_zero_advantage_rows: bool = False
     old_logp: Literal["trainer", "rollout"] = "trainer"
     mismatch_every_n_steps: int = 1
     seed: Optional[int] = None

@@ -230,3 +230,37 @@ def test_the_probe_under_a_budget_is_the_shortest_rows(model):
     rows = _updater(algorithm, model, None, BUDGET, 1, None)._probe_rows(batch)
     assert rows.tolist() == length_order(batch)[: len(rows)].tolist() and 1 <= len(rows) <= 3
     assert _updater(algorithm, model, None, None, 1, None)._probe_rows(batch).tolist() == [0, 1, 2]
+
+
+# ---------------------------------------------------------------- rows of zero advantage
+def test_training_zero_advantage_rows_costs_forwards_and_changes_nothing(model):
+    """``rollout.train_zero_advantage_rows`` (like-for-like benchmarks against TRL, which trains
+    every row): the rows of zero advantage are forwarded and counted as trained, and the update
+    is the one that skips them (their gradient is exactly 0 without a KL or entropy term)."""
+    algorithm = AlgorithmConfig(ibpo=IBPOConfig(variant="mask"))
+    update = _update_batch(algorithm, model.config.vocab_size)
+    update.advantages = update.advantages.clone()
+    update.advantages[:3] = 0.0  # three rows with nothing to learn (the last row had none already)
+    zero = int((update.advantages == 0).sum())
+    results = {}
+    for every in (False, True):
+        policy = copy.deepcopy(model)
+        before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+        stats = StepStats()
+        updater = PolicyUpdate(algorithm, RolloutConfig(micro_batch_size=3, train_zero_advantage_rows=every),
+                               OptimConfig(grad_clip=0.0), max_nonfinite_steps=5, logprob_chunk_tokens=None)
+        updater.bind(policy, None, UpdateRuntime(step_stats=stats))
+        optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
+        rows = []
+        hook = policy.register_forward_pre_hook(lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]),
+                                                with_kwargs=True)
+        updater.run(update, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0), step_index=0)
+        hook.remove()
+        results[every] = ({n: p.detach() - before[n] for n, p in policy.named_parameters()}, sum(rows),
+                          stats.trained_tokens)
+    (skip, skip_rows, skip_tokens), (every, every_rows, every_tokens) = results[False], results[True]
+    # the zero-advantage rows ran (each in every pass the trained rows run in) and are counted
+    assert every_rows > skip_rows and (every_rows - skip_rows) % zero == 0 and every_tokens > skip_tokens
+    assert any(p.abs().max() > 0 for p in skip.values())
+    for name in skip:
+        assert _close(every[name], skip[name]), name

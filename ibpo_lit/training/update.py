@@ -257,7 +257,8 @@ class PolicyUpdate:
         entropy term), and a row with no response token in the loss (all masked out) nothing at
         all: their forwards are skipped, while the caller keeps them in its denominators. Sorted
         by prompt + response length (stable), so that a micro-batch's rows need less padding."""
-        active = rows if self.regularizer.needs_every_row else rows[rows_with_advantage(advantages[rows])]
+        every = self.regularizer.needs_every_row or self.rollout_cfg.train_zero_advantage_rows
+        active = rows if every else rows[rows_with_advantage(advantages[rows])]
         active = active[batch.policy_mask[active].any(dim=1)]  # (tool-output tokens are not trained)
         return length_order(batch, active)
 
