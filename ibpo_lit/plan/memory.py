@@ -135,14 +135,15 @@ def gathered_units(model: ModelShape, run: RunShape) -> float:
 
 def backward_transients(model: ModelShape, run: RunShape, longest_row: int) -> dict[str, float]:
     """What the update's backward holds beside the trainer's state, for micro-batches of
-    ``micro_batch_size`` rows of ``longest_row`` tokens."""
+    ``micro_batch_size`` rows of ``longest_row`` tokens (fewer under ``micro_batch_tokens``)."""
     parts = {"gathered units": gathered_units(model, run)}
-    tokens = run.micro_batch_size * longest_row
+    rows = run.micro_batch_rows(longest_row)
+    tokens = rows * longest_row
     parts["activations (longest micro-batch)"] = model.activation_bytes(tokens, run.compute_bytes, run.checkpointing)
     if not run.sharded and run.compute_bytes < run.param_bytes:  # see "Autocast copies" above
         layers = model.layer_params if run.checkpointing else model.params
         parts["autocast copies saved for backward"] = layers * run.compute_bytes
-    positions = run.micro_batch_size * min(longest_response(run), longest_row)
+    positions = rows * min(longest_response(run), longest_row)
     chunk = min(run.logprob_chunk_tokens or positions, positions)
     parts["log-prob head chunk"] = chunk * model.vocab * constants.LOGIT_BYTES.value
     return parts

@@ -51,6 +51,14 @@ class RunShape:
     train_on_corrections: bool  # model.algorithm.ibpo.train_on_corrections
     timeout_s: float  # trainer.strategy's timeout
     on_gpu: bool  # trainer.accelerator
+    micro_batch_tokens: Optional[int] = None  # model.rollout.micro_batch_tokens
+
+    def micro_batch_rows(self, row_tokens: int) -> int:
+        """Rows of ``row_tokens`` tokens in one micro-batch: ``micro_batch_size``, fewer under a
+        token budget (counted padded), and one for a row over it (it runs alone)."""
+        if self.micro_batch_tokens is None:
+            return self.micro_batch_size
+        return max(1, min(self.micro_batch_size, self.micro_batch_tokens // max(row_tokens, 1)))
 
     @classmethod
     def from_fit(cls, module: Any, datamodule: Any, trainer: Any) -> "RunShape":
@@ -81,6 +89,7 @@ class RunShape:
             max_prompt_tokens=getattr(datamodule, "max_prompt_tokens", 0) or 0,
             max_new_tokens=rollout.sampling.max_new_tokens,
             micro_batch_size=rollout.micro_batch_size,
+            micro_batch_tokens=rollout.micro_batch_tokens,
             extra_old_logp_forward=rollout.old_logp == "trainer" and rollout.num_mini_batches > 1,
             checkpointing=bool(module.gradient_checkpointing),
             logprob_chunk_tokens=module.logprob_chunk_tokens,

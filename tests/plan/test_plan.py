@@ -74,6 +74,19 @@ def test_the_async_line_is_the_longer_of_generation_and_update_plus_the_sync(cap
         "= 21.7 min" in capsys.readouterr().out
 
 
+def test_a_token_budget_shrinks_the_longest_micro_batch():
+    shape = plan_for_config(["--config", config("qwen3_8b_8gpu.yaml")]).model
+    base = run_shape(micro_batch_size=8)
+    full = memory.backward_transients(shape, base, 128)
+    # 300 tokens hold 2 rows of 128 (counted padded); a budget under one row still runs it alone
+    for budget, rows in ((None, 8), (10_000, 8), (300, 2), (50, 1)):
+        parts = memory.backward_transients(shape, run_shape(micro_batch_size=8, micro_batch_tokens=budget), 128)
+        assert parts["activations (longest micro-batch)"] == shape.activation_bytes(rows * 128, 4, False)
+        assert parts["log-prob head chunk"] == full["log-prob head chunk"] * rows / 8
+    plan = plan_for_config(["--config", config("qwen3_8b_8gpu.yaml"), "--model.rollout.micro_batch_tokens", "1"])
+    assert plan.run.micro_batch_tokens == 1 and plan.run.micro_batch_rows(10) == 1
+
+
 def test_a_vllm_server_is_not_counted_on_the_trainers_gpus(capsys):
     args = ["--config", config("qwen3_32b.yaml"), "--model.rollout.backend", "vllm_server"]
     server, colocated = plan_for_config(args), plan_for_config(["--config", config("qwen3_32b.yaml")])
