@@ -244,6 +244,37 @@ def _assert_same(a, b, where: str) -> None:
         assert a == b, where
 
 
+def _tensors(tree, where: str = ""):
+    """(name, tensor) of every floating tensor in a nested dict/list, in order."""
+    if isinstance(tree, torch.Tensor):
+        if tree.is_floating_point():
+            yield where, tree
+    elif isinstance(tree, dict):
+        for key in tree:
+            yield from _tensors(tree[key], f"{where}.{key}")
+    elif isinstance(tree, (list, tuple)):
+        for i, item in enumerate(tree):
+            yield from _tensors(item, f"{where}[{i}]")
+
+
+def _assert_same_to_float_noise(a, b, where: str) -> None:
+    """``b`` is ``a`` up to rounding noise: at most 0.1% of the elements beyond 1e-6 + 1e-4
+    relative, and none beyond 1e-4 absolute. Rounding noise in a gradient is amplified by Adam
+    where an element's second moment is tiny (CI saw one weight of 4096 off by 2.5e-6 after one
+    step), so a plain 1e-6 bound fails now and then; a resume that lost its place would differ by
+    about lr = 1e-3 in most elements."""
+    pairs = list(zip(_tensors(a, where), _tensors(b, where)))
+    assert pairs and all(na == nb for (na, _), (nb, _) in pairs), where
+    off = total = 0
+    for (name, x), (_, y) in pairs:
+        assert x.shape == y.shape, name
+        diff = (y.double() - x.double()).abs()
+        assert not diff.numel() or float(diff.max()) <= 1e-4, f"{name}: {float(diff.max())}"
+        off += int((diff > 1e-6 + 1e-4 * x.double().abs()).sum())
+        total += diff.numel()
+    assert off <= 1e-3 * total, f"{where}: {off} of {total} elements beyond float noise"
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_intra_op_thread")
 def test_seed_everything_changes_every_stream_and_a_resume_keeps_the_checkpoints(tmp_path, parity_reward,
@@ -282,8 +313,10 @@ def test_seed_everything_changes_every_stream_and_a_resume_keeps_the_checkpoints
     # The weights and the optimizer state to float noise, not bitwise: these fits share one
     # process with other tests, where CPU kernels can round differently from run to run (memory
     # alignment); tests/test_resume.py checks bitwise resume in fresh processes. The resumed
-    # step itself moved the weights by ~lr = 1e-3, far beyond the tolerance.
+    # step itself moved the weights by ~lr = 1e-3, far beyond the noise (_assert_same_to_float_noise).
     for key in ("state_dict", "optimizer_states"):
-        torch.testing.assert_close(b[key], a[key], rtol=0, atol=1e-6, msg=lambda m: f"{key}: {m}")
+        _assert_same_to_float_noise(a[key], b[key], key)
+    for i, (x, y) in enumerate(zip(a["optimizer_states"], b["optimizer_states"])):
+        _assert_same(x["param_groups"], y["param_groups"], f"optimizer_states[{i}].param_groups")
     moved = max(float((b["state_dict"][k] - step1[k]).abs().max()) for k in step1)
     assert moved > 1e-4, moved
