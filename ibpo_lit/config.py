@@ -311,6 +311,14 @@ class RolloutConfig:
             are taken shortest first, and a row longer than the budget runs alone. For every
             trainer forward (pi_old, the update, the reference, the mismatch probe); the loss
             is unchanged (its denominators are the mini-batch's). Unset = rows only.
+        packing: How a micro-batch's rows go through the model: ``off`` (padded rows, a prompt
+            shared by several rows forwarded once: ``training/logprobs.py``), ``on`` (the rows
+            concatenated into one sequence with no padding, ``position_ids`` restarting per
+            row, attention kept within each row: flash-attention's varlen kernels, or a
+            block-diagonal causal mask under SDPA / eager) or ``auto`` (``on`` where the
+            model's attention is flash-attention, else ``off``). Packed, ``micro_batch_tokens``
+            counts a micro-batch's real tokens (the packed sequence's length), not padded ones.
+            The loss and gradient are the same either way (up to float rounding).
         train_zero_advantage_rows: Forward and backward the rows whose advantage is 0 as well.
             Their gradient is exactly 0 without a KL or entropy term, so by default they are
             skipped (and with those terms every row is trained anyway); true only costs time,
@@ -340,6 +348,7 @@ class RolloutConfig:
     num_mini_batches: int = 1
     micro_batch_size: int = 8
     micro_batch_tokens: Optional[int] = None
+    packing: Literal["off", "on", "auto"] = "off"
     train_zero_advantage_rows: bool = False
     old_logp: Literal["trainer", "rollout"] = "trainer"
     mismatch_every_n_steps: int = 1
@@ -358,6 +367,8 @@ class RolloutConfig:
             raise ValueError(f"rollout.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
             raise ValueError(f"rollout.micro_batch_tokens must be >= 1 or unset, got {self.micro_batch_tokens}")
+        if self.packing not in ("off", "on", "auto"):
+            raise ValueError(f"rollout.packing must be 'off', 'on' or 'auto', got {self.packing!r}")
         if self.mismatch_every_n_steps < 0:
             raise ValueError(f"rollout.mismatch_every_n_steps must be >= 0 (0 = never), got {self.mismatch_every_n_steps}")
         if self.backend not in ENGINES:
