@@ -28,6 +28,15 @@ What is covered:
       (``response_logprobs_and_entropy``): no second pass over the vocabulary's logits. It
       carries a gradient only when asked (an entropy bonus); otherwise it is computed without
       one and costs no memory in backward.
+    * Packed rows (``packing``: ``rollout.packing``, ``training/packing.py``): the rows laid end
+      to end in one sequence with no padding, ``position_ids`` restarting per row, attention
+      kept within each row by transformers (flash-attention's varlen kernels, or a
+      block-diagonal causal mask under SDPA / eager); one forward, no cache, only response
+      positions reach the head (chunked or not, entropy or not), each log-prob put back in its
+      row [B, Lr]. It replaces both paths below when on, ``single_pass`` included (it is one
+      forward already). Same log-probs and gradient as the per-row forward up to float rounding
+      (tests/test_packed_logprobs.py, SDPA on the CPU; the varlen path needs a GPU and is not
+      tested here).
     * ``single_pass``: exactly one forward per call, whatever the rows (the plain per-row
       forward). Under FSDP2 every forward is a collective, so ranks must agree on the number of
       forwards; the shared-prompt path runs one per length bucket, which depends on the rank's
@@ -56,6 +65,7 @@ from transformers import DynamicCache
 from ibpo_lit.algorithms.logprobs import token_entropy, token_logprobs
 from ibpo_lit.models.hf_compat import cache_kwargs, is_activation_checkpointing, output_cache
 from ibpo_lit.rollout.batch import RolloutBatch
+from ibpo_lit.training.packing import pack_rows, packs
 
 BUCKET_OVERHEAD_TOKENS = 32
 """What one more forward/backward pass costs, in padded response tokens (a pass streams every
@@ -96,12 +106,13 @@ def response_logprobs_and_entropy(
     entropy_grad: bool = False,
     single_pass: bool = False,
     chunk_tokens: Optional[int] = None,
+    packing: str = "off",
 ) -> tuple[Tensor, Tensor]:
     """``response_logprobs`` and, from the same logits, the entropy [B, Lr] float32 of
     ``softmax(logits / temperature)`` at every response position (with a gradient only when
     ``entropy_grad``)."""
     stats = _response_stats(model, batch, _Stats(temperature, "grad" if entropy_grad else "value"),
-                            single_pass, chunk_tokens)
+                            single_pass, chunk_tokens, packing)
     entropy = stats[..., 1]
     return stats[..., 0], entropy if entropy_grad else entropy.detach()
 
@@ -113,6 +124,7 @@ def response_logprobs(
     *,
     single_pass: bool = False,
     chunk_tokens: Optional[int] = None,
+    packing: str = "off",
 ) -> Tensor:
     """Teacher-forced ``log pi(y_t | x, y_<t)`` for every response position.
 
@@ -123,12 +135,18 @@ def response_logprobs(
     starts at 0). Only response positions get logits: the prompt's logits are never used,
     and on a 49k-token vocabulary the head is a large share of the forward pass. Rows that
     share a prompt share its forward unless ``single_pass``; ``chunk_tokens`` bounds the
-    positions whose logits exist at once (see the module docstring).
+    positions whose logits exist at once; ``packing`` (``rollout.packing``: off, on, auto)
+    packs the rows into one sequence instead (see the module docstring).
     """
-    return _response_stats(model, batch, _Stats(temperature), single_pass, chunk_tokens)
+    return _response_stats(model, batch, _Stats(temperature), single_pass, chunk_tokens, packing)
 
 
-def _response_stats(model, batch: RolloutBatch, stats: _Stats, single_pass: bool, chunk_tokens: Optional[int]) -> Tensor:
+def _response_stats(model, batch: RolloutBatch, stats: _Stats, single_pass: bool, chunk_tokens: Optional[int],
+                    packing: str = "off") -> Tensor:
+    if packs(model, packing):
+        packed = pack_rows(batch)
+        if packed is not None:
+            return _packed_logprobs(model, batch, packed, stats, chunk_tokens)
     if (
         single_pass
         or len(batch) < 2
@@ -155,6 +173,23 @@ def _per_row_logprobs(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
         logits_to_keep=predicting,
     )
+
+
+def _packed_logprobs(model: torch.nn.Module, batch: RolloutBatch, packed, stats: _Stats,
+                     chunk_tokens: Optional[int]) -> Tensor:
+    """One forward of ``batch``'s rows packed end to end (``training/packing.py``), their
+    response positions' ``stats`` put back in place [B, Lr(, 2)] (0 at padding)."""
+    # No 2-D attention mask and no cache: that is how transformers reads restarting position_ids
+    # as packed rows (masking_utils._preprocess_mask_arguments); a cache would turn it off.
+    values = _forward_logprobs(
+        model, packed.targets, stats, chunk_tokens,
+        input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None, use_cache=False,
+        logits_to_keep=packed.predicting,
+    )
+    mask = batch.response_mask.bool()
+    out = values.new_zeros((*mask.shape, *stats.trailing))
+    out[mask] = values[0]  # row-major, as pack_rows listed them (differentiable)
+    return out
 
 
 def _forward_logprobs(

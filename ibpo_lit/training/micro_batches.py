@@ -8,7 +8,9 @@ What is covered:
       shared-prompt forward (``training/logprobs.py``) sees, which forwards each distinct
       prompt once and pads each response bucket to its own longest. A row longer than the
       budget gets a micro-batch of its own (a row is never split). Without a budget: today's
-      cut, ``rows.split(max_rows)``, exactly.
+      cut, ``rows.split(max_rows)``, exactly. Packed (``rollout.packing``), the budget counts
+      real tokens instead, the sum of the rows' prompt + response lengths (the packed
+      sequence's length plus one per row: a row's last token is not forwarded).
     * ``length_order``: the rows of a batch shortest first (prompt + response, stable), the
       order in which a token budget packs the most rows per pass.
     * ``one_token_row``: the input of a padding pass (a rank that has run out of micro-batches
@@ -17,8 +19,6 @@ What is covered:
       nothing costs two positions instead of a full-length row.
 
 What is not covered:
-    * Packing rows end to end (``position_ids`` restarting per row, varlen attention): every
-      micro-batch is still a padded rectangle or the shared-prompt path's buckets.
     * Balancing lengths across ranks (verl's ``balance_batch``): prompts are dealt to ranks
       before their responses exist (``data/stream.py``) and each rank trains the rows it
       generated, so balancing would move rows between processes; not done.
@@ -35,11 +35,11 @@ from ibpo_lit.rollout.batch import RolloutBatch
 
 
 def micro_batches(rows: Tensor, prompt_lengths: Tensor, response_lengths: Tensor, max_rows: int,
-                  max_tokens: Optional[int] = None) -> list[Tensor]:
+                  max_tokens: Optional[int] = None, packed: bool = False) -> list[Tensor]:
     """``rows`` [n] (indices) cut, in their order, into contiguous micro-batches of at most
     ``max_rows`` rows and, when ``max_tokens`` is set, at most ``max_tokens`` padded tokens
-    (``len(micro) * (max prompt length + max response length)`` over its rows; a single row
-    over the budget goes alone). ``prompt_lengths`` / ``response_lengths``: every row's real
+    (``len(micro) * (max prompt length + max response length)`` over its rows; ``packed``: the
+    sum of their prompt + response lengths instead; a single row over the budget goes alone). ``prompt_lengths`` / ``response_lengths``: every row's real
     lengths, indexed by ``rows``. None when ``rows`` is empty (``torch.split`` of an empty tensor
     yields one empty chunk)."""
     if not len(rows):
@@ -47,14 +47,15 @@ def micro_batches(rows: Tensor, prompt_lengths: Tensor, response_lengths: Tensor
     if max_tokens is None:
         return list(rows.split(max_rows))
     prompts, responses = prompt_lengths[rows].tolist(), response_lengths[rows].tolist()
-    out, start, longest_prompt, longest_response = [], 0, 0, 0
+    out, start, longest_prompt, longest_response, real = [], 0, 0, 0, 0
     for i, (p, r) in enumerate(zip(prompts, responses)):
         count = i - start + 1
-        wider_prompt, wider_response = max(longest_prompt, p), max(longest_response, r)
-        if count > 1 and (count > max_rows or count * (wider_prompt + wider_response) > max_tokens):
+        wider_prompt, wider_response, more = max(longest_prompt, p), max(longest_response, r), real + p + r
+        tokens = more if packed else count * (wider_prompt + wider_response)
+        if count > 1 and (count > max_rows or tokens > max_tokens):
             out.append(rows[start:i])
-            start, wider_prompt, wider_response = i, p, r
-        longest_prompt, longest_response = wider_prompt, wider_response
+            start, wider_prompt, wider_response, more = i, p, r, p + r
+        longest_prompt, longest_response, real = wider_prompt, wider_response, more
     out.append(rows[start:])
     return out
 

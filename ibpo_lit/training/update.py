@@ -2,7 +2,8 @@
 
 ``num_mini_batches`` optimizer steps over an ``UpdateBatch``, each accumulated over
 micro-batches (at most ``rollout.micro_batch_size`` rows and, when set,
-``rollout.micro_batch_tokens`` tokens: ``training/micro_batches.py``) whose losses sum exactly
+``rollout.micro_batch_tokens`` tokens: ``training/micro_batches.py``; packed into one sequence
+each under ``rollout.packing``: ``training/packing.py``) whose losses sum exactly
 to the mini-batch loss, with denominators counted over every rank; the policy loss's forward
 (``policy_loss``: the configured loss plus the KL and entropy terms,
 ``algorithms/regularizers.py``; the reference's log-probs once per rollout batch; the rollout
@@ -40,6 +41,7 @@ from ibpo_lit.seeds import stream_seed
 from ibpo_lit.training.logprobs import response_logprobs, response_logprobs_and_entropy
 from ibpo_lit.training.metric_reductions import MAX, MIN, reduction_of
 from ibpo_lit.training.micro_batches import length_order, micro_batches, one_token_row, row_lengths
+from ibpo_lit.training.packing import packs
 from ibpo_lit.training.step_types import StepStats, UpdateBatch
 
 
@@ -123,6 +125,12 @@ class PolicyUpdate:
         """Whether every forward of the policy is a collective (FSDP2), so that each rank must
         run as many as the others: one pass per log-prob call, pass counts agreed on."""
         return is_sharded(self.policy)
+
+    @property
+    def packed(self) -> bool:
+        """Whether the policy's forwards are packed (``rollout.packing``, resolved against its
+        attention implementation: ``training/packing.py``)."""
+        return packs(self.policy, self.rollout_cfg.packing)
 
     @property
     def regularizer(self):
@@ -267,7 +275,8 @@ class PolicyUpdate:
         ``rollout.micro_batch_size`` rows and ``rollout.micro_batch_tokens`` tokens
         (``training/micro_batches.py``); none when ``rows`` is empty."""
         cfg = self.rollout_cfg
-        return micro_batches(rows, *row_lengths(batch), cfg.micro_batch_size, cfg.micro_batch_tokens)
+        return micro_batches(rows, *row_lengths(batch), cfg.micro_batch_size, cfg.micro_batch_tokens,
+                             packed=self.packed)
 
     # ------------------------------------------------------------------ diagnostics
     def group_gradients(self, update: UpdateBatch, groups: Sequence[Tensor], params: Sequence[Tensor],
@@ -343,7 +352,8 @@ class PolicyUpdate:
         reg = self.regularizer
         logp, entropy = response_logprobs_and_entropy(
             self.policy, batch, self.temperature, entropy_grad=reg.entropy_coef > 0,
-            single_pass=self.uniform_forwards, chunk_tokens=self.logprob_chunk_tokens)
+            single_pass=self.uniform_forwards, chunk_tokens=self.logprob_chunk_tokens,
+            packing=self.rollout_cfg.packing)
         width = logp.shape[1]
         if bookkeeping:
             self._count(batch, trained=True)
@@ -387,7 +397,7 @@ class PolicyUpdate:
     def logprobs(self, model: torch.nn.Module, batch: RolloutBatch) -> Tensor:
         """The trainer's response log-probs [B, Lr] (gradient as the caller's mode allows)."""
         return response_logprobs(model, batch, self.temperature, single_pass=self.uniform_forwards,
-                                 chunk_tokens=self.logprob_chunk_tokens)
+                                 chunk_tokens=self.logprob_chunk_tokens, packing=self.rollout_cfg.packing)
 
     def ref_logprobs(self, batch: RolloutBatch, count: bool = True) -> Optional[Tensor]:
         """The reference's log-probs [B, Lr] of ``batch`` when a KL term needs them, else None.
