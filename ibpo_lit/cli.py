@@ -140,6 +140,8 @@ class IBPOCLI(LightningCLI):
         # The prompts' task is the verifier that scores them: one setting (`model.reward`), so a
         # code run cannot build math prompts (or the reverse) by forgetting a second line.
         parser.link_arguments(("model.reward", "model.rewards"), "data.task", compute_fn=_rewards_task)
+        # A rollout engine one step ahead needs the next step's prompts from the data module.
+        parser.link_arguments("model.rollout.max_staleness", "data.steps_ahead")
         # The hardware the memory and time plan is for, and whether fit refuses a failing plan.
         parser.add_class_arguments(PlanSettings, "plan")
 

@@ -339,6 +339,12 @@ class RolloutConfig:
         tools: Tool-integrated rollouts: the policy may write a Python cell mid-solution, which
             runs in the code sandbox, its output appended as a tool turn (out of the loss) before
             generation resumes (``ToolConfig``; docs/tools.md). Unset = off.
+        max_staleness: Updates a rollout batch may lag the weights it trains: 0 = on-policy
+            (generate, then update); 1 = one step off-policy: step t+1's rollouts (and their
+            corrections) are generated with step t's weights while step t updates
+            (``training.off_policy``; needs ``backend: vllm_server``, rollout correction on, one
+            process; docs/rollouts.md). The data module then hands each step the next step's
+            prompts too (``data.steps_ahead``, linked).
     """
 
     group_size: int = 8
@@ -354,8 +360,12 @@ class RolloutConfig:
     mismatch_every_n_steps: int = 1
     seed: Optional[int] = None
     tools: Optional[ToolConfig] = None
+    max_staleness: int = 0
 
     def __post_init__(self) -> None:
+        if self.max_staleness not in (0, 1):
+            raise ValueError(f"rollout.max_staleness must be 0 (on-policy) or 1 (one step off-policy), got "
+                             f"{self.max_staleness}: larger lags are not implemented")
         if self.group_size < 2:
             raise ValueError(
                 f"rollout.group_size must be >= 2 (got {self.group_size}): group advantages "

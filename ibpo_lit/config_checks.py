@@ -32,6 +32,11 @@ What is covered:
   context (its config's ``max_position_embeddings``, read without loading weights when it is
   on disk) or than ``model.rollout.vllm.max_model_len``.
 
+- ``model.rollout.max_staleness: 1`` (one step off-policy, `ibpo_lit.training.off_policy`) without
+  what it needs: ``backend: vllm_server``, rollout correction on, one process, no dynamic
+  sampling, ``VLLMWeightSync.every_n_steps: 1``, and a data module
+  that hands the next step's prompts (``data.steps_ahead``, linked on the command line).
+
 - The run's plan (`ibpo_lit.plan`, ``plan:`` settings): memory per GPU by phase, the KV cache,
   the collective timeout (on a GPU), and how much of each candidate a correction prompt keeps.
 
@@ -98,6 +103,37 @@ def single_process_callbacks_fit(callbacks: list[Any], processes: int) -> Option
         f"{processes} processes: remove it (scripts/variance_at_fixed_policy.py measures the gradient variance "
         "of every method at fixed weights on one process)"
     )
+
+
+def off_policy_fits(max_staleness: int, backend: str, correction_on: bool, processes: Optional[int],
+                    dynamic_sampling: bool, callbacks: list[Any],
+                    steps_ahead: Optional[int]) -> Optional[str]:
+    """One step off-policy generation's requirements (`ibpo_lit.training.off_policy` says why)."""
+    if steps_ahead is not None and steps_ahead != max_staleness:
+        return (f"data.steps_ahead={steps_ahead} but model.rollout.max_staleness={max_staleness}: the data module must "
+                "hand the next step's prompts exactly when the engine samples ahead; set them equal (the command "
+                "line links them)")
+    if not max_staleness:
+        return None
+    needs = []
+    if backend != "vllm_server":
+        needs.append(f"model.rollout.backend: vllm_server (got {backend!r}: the engine must run in its own processes, "
+                     "apart from the update's weights and memory)")
+    if not correction_on:
+        needs.append("model.rollout_correction on (its importance weights correct for the lagging engine; it is off "
+                     "with enabled: false, rollout.old_logp: rollout, or rollout_is and rollout_rs both null)")
+    if processes is not None and processes > 1:
+        needs.append(f"one process (this run has {processes}: the producer thread's collectives are not separated "
+                     "from the update's)")
+    if dynamic_sampling:
+        needs.append("model.algorithm.dynamic_sampling off (its rounds decide after scoring whether to sample again)")
+    lagging = [cb.every_n_steps for cb in callbacks if callable(getattr(cb, "sync_engine", None))
+               and getattr(cb, "every_n_steps", 1) != 1]
+    if lagging:
+        needs.append(f"callbacks.VLLMWeightSync.every_n_steps: 1 (got {lagging[0]}: the engine would lag more)")
+    if not needs:
+        return None
+    return f"model.rollout.max_staleness={max_staleness} (one step off-policy) needs " + "; ".join(needs)
 
 
 def mini_batches_fit(num_mini_batches: int, prompts_per_step: int, group_size: int) -> Optional[str]:
@@ -263,6 +299,14 @@ def read_checkpoint_error(ckpt_path: str, exc: BaseException) -> ConfigError:
     )
 
 
+def _off_policy_problem(model: Any, datamodule: Any, trainer: Any, processes: Optional[int]) -> Optional[str]:
+    rollout = model.rollout_cfg
+    return off_policy_fits(
+        getattr(rollout, "max_staleness", 0), rollout.backend, model.updater.correction is not None, processes,
+        model.group_filter is not None, list(trainer.callbacks),
+        getattr(datamodule, "steps_ahead", None) if datamodule is not None else None)
+
+
 def _processes(trainer: Any) -> Optional[int]:
     try:
         return int(trainer.num_devices) * int(trainer.num_nodes)
@@ -294,6 +338,7 @@ def check_fit_settings(model: Any, datamodule: Any, trainer: Any, ckpt_path: Opt
     if processes is not None:
         problems.append(tensor_parallel_fits(rollout.backend, rollout.vllm.tensor_parallel_size, processes))
         problems.append(single_process_callbacks_fit(list(trainer.callbacks), processes))
+    problems.append(_off_policy_problem(model, datamodule, trainer, processes))
     if datamodule is not None and hasattr(datamodule, "prompts_per_step"):
         problems.append(
             mini_batches_fit(rollout.num_mini_batches, datamodule.prompts_per_step, rollout.group_size)

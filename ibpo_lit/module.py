@@ -17,6 +17,10 @@ One ``training_step`` is one rollout batch (see README, "One training step"):
 5. update the policy (``training.update.PolicyUpdate``): ``num_mini_batches`` optimizer steps,
    each accumulated over micro-batches whose losses sum exactly to the mini-batch loss.
 
+With ``rollout.max_staleness: 1`` (``training.off_policy``) steps 1-3 of the next step run in a
+background thread during this step's 4-5, and this step trains the batch generated during the
+last step's update; the batch in flight is saved in checkpoints. ``0``: the order above.
+
 The module orchestrates: loading, the engine, the order of the steps, logging, checkpoint
 state. The update loop and the step's parts live in ``ibpo_lit.training``, every formula in
 ``ibpo_lit.algorithms``.
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from contextlib import nullcontext
 from dataclasses import replace
 from typing import Optional
@@ -42,6 +47,7 @@ from torch import Tensor
 from ibpo_lit.algorithms.advantages import rows_with_advantage
 from ibpo_lit.config import AlgorithmConfig, OptimConfig, RolloutConfig, RolloutCorrectionConfig
 from ibpo_lit.config_checks import check_fit_settings
+from ibpo_lit.data.lookahead import StepPrompts
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.data.val_benchmarks import VAL_SET_KEY
 from ibpo_lit.evaluation.metrics import avg_at_k, mean_pass_at_k
@@ -66,6 +72,15 @@ from ibpo_lit.training.ciw_scorer import CIWScorer
 from ibpo_lit.training.corrections import CorrectionContext
 from ibpo_lit.training.group_filter import InformativeGroups
 from ibpo_lit.training.metric_reductions import reduction_of
+from ibpo_lit.training.off_policy import (
+    AheadOfUpdate,
+    Produced,
+    check_staleness,
+    in_flight_from_state,
+    in_flight_state,
+    overlap_metrics,
+    staleness,
+)
 from ibpo_lit.training.optimizer import build_optimizer
 from ibpo_lit.training.rng_state import capture_rng_state, restore_rng_state
 from ibpo_lit.training.seeding import BENCHMARK_VALIDATION, MAIN_ROLLOUTS, VALIDATION, rollout_seeds
@@ -213,6 +228,7 @@ class IBPOModule(L.LightningModule):
         self._pending_rng_state: Optional[dict] = None  # restored before the first step after a resume
         self._step_stats = StepStats()  # token counts and seconds of the last step (compute accounting)
         self.settings_checked = False  # `check_fit_settings` done (by the command line, or in `setup`)
+        self._in_flight: Optional[Produced] = None  # max_staleness 1: the next step's batch, generated ahead
 
     # ----------------------------------------------------------------- setup
     def configure_model(self) -> None:
@@ -302,10 +318,12 @@ class IBPOModule(L.LightningModule):
         return build_optimizer(self.policy, self.optim_cfg, self.trainer.max_steps)
 
     # ------------------------------------------------------------ one step
-    def training_step(self, prompts: list[Prompt], batch_idx: int) -> None:
+    def training_step(self, prompts: list[Prompt] | StepPrompts, batch_idx: int) -> None:
         self._restore_rng_once()
         clock = StepClock()
         self.step_stats.reset()  # every forward of the step counts
+        if self.rollout_cfg.max_staleness:  # the next step's rollouts generated during this update
+            return self._off_policy_step(prompts, clock)
 
         # 1-2. rollouts, scored (a NaN reward is unscorable)
         rollouts, texts = self._generate(prompts)
@@ -337,6 +355,69 @@ class IBPOModule(L.LightningModule):
         metrics.update(self._end_round(scored, clock))
         self._log_metrics({**metrics, **reward_metrics, **tools, **self._run_counts()})
 
+    def _off_policy_step(self, prompts: StepPrompts, clock: StepClock) -> None:
+        """One step off-policy (``training.off_policy``): train on the batch generated during the
+        last step's update (or now, at a fit's first step), while a thread generates the next's."""
+        # 1-3. this step's rollouts, scored and corrected: in flight since the last step, or sampled now
+        produced = self._take_in_flight(prompts.now) or self._produce(prompts.now, self.rollout_step)
+        self._in_flight = None
+        clock.mark("rollouts")
+        self.unscorable_streak.check(produced.scored.rewards, self.sync, produced.failure)  # raises at the cap
+        next_step = self.rollout_step + 1  # read now: the main thread moves rollout_step on
+        ahead = AheadOfUpdate(lambda: self._produce(prompts.ahead, next_step))  # the engine holds these weights
+        try:
+            scored = produced.scored
+            lag = staleness(self.weights_version, scored.weights_version, self.rollout_cfg.num_mini_batches)
+            check_staleness(lag, self.rollout_cfg.max_staleness, scored.step)
+            # 4-5. as on-policy (no dynamic sampling here: config_checks)
+            step, metrics = scored, self._assemble(scored)
+            metrics.update(self._ciw_weights(step))
+            self._call_step_hooks("on_before_update", step)
+            clock.mark("callbacks")
+            metrics.update(self.updater.run(step.update, self.optimizers(), self.lr_schedulers(), self.rollout_step))
+            clock.mark("update")
+        except BaseException:  # this error, not the producer's: but never leave it using the engine
+            ahead.wait()
+            raise
+        # The weight sync after this step, and its checkpoint, need the engine idle and the batch done.
+        self._in_flight = ahead.join()
+        clock.mark("ahead_wait")
+        metrics.update(self._end_round(scored, clock))
+        metrics.update(overlap_metrics(clock, self._in_flight, lag))
+        self._log_metrics({**metrics, **produced.reward_metrics, **produced.tool_metrics, **self._run_counts()})
+
+    def _produce(self, prompts: list[Prompt], rollout_step: int) -> Produced:
+        """Generate, score and correct one step's rollouts (in the producer thread, or on the main
+        thread at a fit's first step); issues no collective (one process: config_checks)."""
+        started = time.perf_counter()
+        held = getattr(unwrap(self.engine), "weights_version", None)  # the engine's own record
+        version = self.weights_version if held is None else held
+        rollouts, texts = self._generate(prompts, rollout_step)
+        tools = tool_metrics(self.engine)
+        generated = time.perf_counter()
+        rewards = self.score(texts, [prompts[g] for g in rollouts.group_index.tolist()])
+        failure, reward_metrics = self._reward_failure(), self._reward_metrics()
+        step = ScoredRollouts(prompts=prompts, rollouts=rollouts, texts=texts, rewards=rewards, step=rollout_step,
+                              weights_version=version)
+        self._call_step_hooks("on_rollouts_scored", step)
+        finished = time.perf_counter()
+        return Produced(step, reward_metrics, tools, list(failure) if failure is not None else None,
+                        {"generate": generated - started, "correct": finished - generated}, started, finished)
+
+    def _take_in_flight(self, prompts: list[Prompt]) -> Optional[Produced]:
+        """The batch generated ahead for this step (None at a fit's first step without one);
+        checked to be this step's and these prompts'."""
+        produced = self._in_flight
+        if produced is None:
+            return None
+        scored = produced.scored
+        if scored.step != self.rollout_step or [p.uid for p in scored.prompts] != [p.uid for p in prompts]:
+            raise RuntimeError(
+                f"the batch in flight is rollout step {scored.step}'s of prompts {[p.uid for p in scored.prompts]}, "
+                f"but this is step {self.rollout_step} with prompts {[p.uid for p in prompts]}: the data module's "
+                "position and the checkpoint's batch in flight disagree")
+        return produced
+
     def _end_round(self, scored: ScoredRollouts, clock: StepClock) -> dict[str, float]:
         """A generation round ends: its compute (``step_stats``, what the budget charges) and
         timings; the next round samples with the next seeds."""
@@ -365,11 +446,12 @@ class IBPOModule(L.LightningModule):
         self._assemble(step)  # the joined groups' shaping and advantages (per group: unchanged)
         return step, self.group_filter.metrics()
 
-    def _generate(self, prompts: list[Prompt]):
-        """``G`` responses per prompt from the engine, and their text."""
+    def _generate(self, prompts: list[Prompt], rollout_step: Optional[int] = None):
+        """``G`` responses per prompt from the engine, and their text (seeded by ``rollout_step``,
+        unset: this step's)."""
         G = self.rollout_cfg.group_size
-        seeds = rollout_seeds(self.rollout_cfg.seed, self.rollout_step, MAIN_ROLLOUTS, len(prompts) * G,
-                              rank=self.global_rank)
+        step = self.rollout_step if rollout_step is None else rollout_step
+        seeds = rollout_seeds(self.rollout_cfg.seed, step, MAIN_ROLLOUTS, len(prompts) * G, rank=self.global_rank)
         rollouts = self.engine.generate([p.prompt_ids for p in prompts], n=G, seeds=seeds)
         return rollouts, self.tokenizer.batch_decode(rollouts.response_lists(), skip_special_tokens=True)
 
@@ -570,6 +652,8 @@ class IBPOModule(L.LightningModule):
         }
         if self.group_filter is not None:  # rounds in progress (between two updates), each rank's
             checkpoint["ibpo_lit"]["dynamic_sampling_per_rank"] = self.sync.gather(self.group_filter.state_dict())
+        if self._in_flight is not None:  # max_staleness 1: its weights are gone, so it is saved, not regenerated
+            checkpoint["ibpo_lit"]["in_flight"] = in_flight_state(self._in_flight)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if self.lora is not None and not any(".lora_" in key for key in checkpoint.get("state_dict", {})):
@@ -583,6 +667,11 @@ class IBPOModule(L.LightningModule):
         self._reward_counts.update(state.get("reward_counts", {}))
         self.unscorable_streak.load_state_dict(state.get("unscorable_streak", {}))
         self._pending_rng_state = self._own_rng_state(state)
+        in_flight = state.get("in_flight")
+        self._in_flight = in_flight_from_state(in_flight) if in_flight is not None and self.rollout_cfg.max_staleness else None
+        if in_flight is not None and self._in_flight is None:
+            rank_zero_warn("the checkpoint holds a batch generated one step ahead (model.rollout.max_staleness: 1) and "
+                           "this run is on-policy: the batch is dropped and its step samples again")
         rounds = state.get("dynamic_sampling_per_rank")
         if self.group_filter is not None and rounds is not None:
             world = self._trainer.world_size if self._trainer is not None else 1

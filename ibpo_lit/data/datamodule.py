@@ -8,7 +8,9 @@ What is covered:
 - Every prompt carries its record's other fields as ``Prompt.columns`` (what reward functions
   get): a file's or dataset's columns but the question; ``{"answer": gold}`` for arithmetic;
   ``task_id``, ``tests``, ``entry_point``, ``reference`` for code benchmarks.
-- The train loader yields lists of ``prompts_per_step`` `Prompt` objects, forever.
+- The train loader yields lists of ``prompts_per_step`` `Prompt` objects, forever; with
+  ``steps_ahead: 1``, `StepPrompts` ``(now, ahead)``: each step's prompts and the next step's
+  (`ibpo_lit.data.lookahead`, for one step off-policy generation), only ``now`` consumed.
 - Counters for logging in `stats`: ``skipped_records`` (bad JSONL records, counted once at
   setup), ``skipped_long_prompts`` and ``truncated_prompts`` (counted as prompts are drawn).
 - Exact resume: `state_dict` holds the stream position of the last batch the trainer actually
@@ -38,6 +40,7 @@ import lightning as L
 from torch.utils.data import DataLoader
 
 from ibpo_lit.data.arithmetic import ArithmeticConfig, arithmetic_problem, held_out
+from ibpo_lit.data.lookahead import LookAheadSteps, StepPrompts, as_is
 from ibpo_lit.data.prompt import Prompt, collate_prompts
 from ibpo_lit.data.prompt_builder import LONG_PROMPT_POLICIES, PromptBuilder
 from ibpo_lit.data.records import (
@@ -121,6 +124,9 @@ class PromptDataModule(L.LightningDataModule):
             the arithmetic stream has its own ``arithmetic.seed``. Unset: ``seed_everything``'s (0
             without it; ``ibpo_lit.seeds``).
         num_workers: DataLoader worker processes; 0 keeps resume exact.
+        steps_ahead: Hand each step the next step's prompts too (1), for a rollout engine that
+            samples one step ahead (``model.rollout.max_staleness``, which sets it on the
+            command line). 0 = each step's prompts only.
         code_format: Read ``train_path``/``val_path`` as a code benchmark: ``humaneval``,
             ``mbpp``, ``mbpp_sanitized`` or ``livecodebench`` (needs ``model.reward: code``, the
             sandbox).
@@ -176,6 +182,7 @@ class PromptDataModule(L.LightningDataModule):
         on_long_prompt: Literal["truncate", "skip", "error"] = "skip",
         seed: int | None = None,
         num_workers: int = 0,
+        steps_ahead: int = 0,
         task: str = "math",
         val_size: int = 0,
         val_path: str | None = None,
@@ -227,6 +234,9 @@ class PromptDataModule(L.LightningDataModule):
                 f"data.answer_key: null (records without an answer) leaves the {task!r} verifier nothing to score "
                 "responses against: set data.answer_key to the field with the answer, or score with a reward "
                 "function of your own (model.reward: package.module:function)")
+        if steps_ahead not in (0, 1) or (steps_ahead and num_workers):
+            raise ValueError(f"data.steps_ahead must be 0 or 1, and 1 only with data.num_workers: 0 (its resume "
+                             f"must be exact), got steps_ahead={steps_ahead}, num_workers={num_workers}")
         if val_size < 0 or val_batch_size < 1:
             raise ValueError(f"data.val_size must be >= 0 and data.val_batch_size >= 1, got {val_size}, {val_batch_size}")
         val_source = None
@@ -275,6 +285,7 @@ class PromptDataModule(L.LightningDataModule):
         self.seed = stream_seed(seed, run)
         self.arithmetic_seed = stream_seed(arithmetic.seed, run)
         self.num_workers = num_workers
+        self.steps_ahead = steps_ahead
         self.task = task
         self.val_size = val_size
         self.val_path = val_path
@@ -356,6 +367,9 @@ class PromptDataModule(L.LightningDataModule):
         return self._dataset
 
     def train_dataloader(self) -> DataLoader:
+        if self.steps_ahead:  # whole steps, (now, ahead): the DataLoader batches nothing
+            return DataLoader(LookAheadSteps(self.train_dataset(), self.prompts_per_step), batch_size=None,
+                              collate_fn=as_is)
         return DataLoader(
             self.train_dataset(),
             batch_size=self.prompts_per_step,
@@ -424,8 +438,9 @@ class PromptDataModule(L.LightningDataModule):
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         trainer = getattr(self, "trainer", None)
-        if isinstance(batch, list) and (trainer is None or trainer.training):
-            self.mark_consumed(batch)
+        consumed = batch.now if isinstance(batch, StepPrompts) else batch  # (the next step's: not yet)
+        if isinstance(consumed, list) and (trainer is None or trainer.training):
+            self.mark_consumed(consumed)
         return batch
 
     @property

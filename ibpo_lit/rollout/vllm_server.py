@@ -34,8 +34,9 @@ What is covered:
       weights' version; the last checkpoint resumes the run once a server is back.
 
 What is not covered:
-    * Generation overlapped with training (issue 44 item 3): ``generate`` and ``sync_weights``
-      run one after the other, as with the colocated engine, so no pause/resume is needed.
+    * Generation overlapped with training is the module's (``model.rollout.max_staleness: 1``,
+      ``ibpo_lit.training.off_policy``): ``generate`` and ``sync_weights`` still never overlap
+      (the sync waits for the generation ahead), so no pause/resume is needed.
     * Sleep mode: the server has its own GPUs.
     * The files route on rank 0 holds one full CPU copy of the weights while writing them; the
       NCCL route streams. A request cannot be interrupted: after a deadline its thread is left

@@ -81,3 +81,6 @@ class ScoredRollouts:
     shaped_rewards: Tensor | None = None  # [B] r + lambda * Delta (= rewards without IBPO)
     delta: Tensor | None = None  # [B] Delta_i, the IBPO shaping term (0 without IBPO)
     update: UpdateBatch | None = None
+    # The weights version the rollouts were sampled with (the engine's; ``training.off_policy``
+    # checks the lag at the update). None: not recorded (the on-policy path: the current weights).
+    weights_version: int | None = None
