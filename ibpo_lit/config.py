@@ -314,9 +314,10 @@ class RolloutConfig:
         packing: How a micro-batch's rows go through the model: ``off`` (padded rows, a prompt
             shared by several rows forwarded once: ``training/logprobs.py``), ``on`` (the rows
             concatenated into one sequence with no padding, ``position_ids`` restarting per
-            row, attention kept within each row: flash-attention's varlen kernels, or a
-            block-diagonal causal mask under SDPA / eager) or ``auto`` (``on`` where the
-            model's attention is flash-attention, else ``off``). Packed, ``micro_batch_tokens``
+            row, attention kept within each row: flash-attention's varlen kernels, flex
+            attention's block mask, or under SDPA / eager a dense block-diagonal mask, where
+            attention costs as for one long row) or ``auto`` (``on`` under flash-attention or flex attention, else ``off``).
+            Packed, ``micro_batch_tokens``
             counts a micro-batch's real tokens (the packed sequence's length), not padded ones.
             The loss and gradient are the same either way (up to float rounding).
         train_zero_advantage_rows: Forward and backward the rows whose advantage is 0 as well.
