@@ -60,8 +60,8 @@ def _with_attention(name: str) -> torch.nn.Module:
     return module
 
 
-def test_auto_packs_on_flash_attention_only_and_on_refuses_attention_that_crosses_rows():
-    assert packs(_with_attention("flash_attention_2"), "auto")
+def test_auto_packs_where_the_kernel_skips_other_rows_and_on_refuses_attention_that_crosses_rows():
+    assert packs(_with_attention("flash_attention_2"), "auto") and packs(_with_attention("flex_attention"), "auto")
     assert not packs(_with_attention("sdpa"), "auto")
     assert packs(_with_attention("sdpa"), "on") and packs(_with_attention("eager"), "on")
     assert not packs(_with_attention("flash_attention_2"), "off")

@@ -10,17 +10,19 @@ What is covered:
       transformers (5.x) does it from the restarting ``position_ids`` alone when the forward
       gets no 2-D attention mask and no cache (``masking_utils.find_packed_sequence_indices``):
       flash-attention's varlen kernels get the rows' boundaries (``cu_seqlens``,
-      ``modeling_flash_attention_utils._is_packed_sequence``); SDPA, eager and flex attention get
-      a block-diagonal causal mask. Any other attention (a custom or paged kernel) would attend
-      across rows, so ``packing: on`` refuses it.
+      ``modeling_flash_attention_utils._is_packed_sequence``); flex attention a block mask (its
+      kernel skips the blocks between rows); SDPA and eager a dense block-diagonal causal mask
+      (N x N: attention over the whole packed sequence, masked). Any other attention (a custom
+      or paged kernel) would attend across rows, so ``packing: on`` refuses it, and ``auto``
+      packs only where the kernel skips the other rows (flash-attention, flex).
 
 What is not covered:
     * Models whose masks do not come from ``transformers.masking_utils`` (remote code with its
       own mask): the check reads ``config._attn_implementation`` only.
-    * Cost: under SDPA / eager the mask is N x N (attention over the whole packed sequence,
-      masked, where the padded forward attends within rows); flash-attention's varlen path has
-      no such term. The CPU default stays the padded / shared-prompt forward
-      (docs/benchmarks.md#packed-forwards). The varlen path is not exercised by the CPU tests.
+    * Speed under SDPA / eager: the dense mask makes attention quadratic in the packed length
+      instead of each row's; on an H200 a packed SDPA forward + backward took twice the padded
+      one, and flex attention's half (docs/benchmarks.md#packed-forwards). Flash-attention's
+      varlen path has not run (flash-attn is not installed on the machines tried).
     * Rows with an empty prompt: the first response token has no position to be predicted
       from; ``pack_rows`` refuses them (the caller falls back to the padded forward).
 """
@@ -36,7 +38,8 @@ from ibpo_lit.rollout.batch import RolloutBatch
 
 # Attention implementations that transformers keeps within each packed row (see above).
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
-MASKED_ATTENTION = ("sdpa", "eager", "flex_attention")
+BLOCK_ATTENTION = ("flex_attention",)
+DENSE_ATTENTION = ("sdpa", "eager")
 PACKING_MODES = ("off", "on", "auto")
 
 
@@ -76,33 +79,33 @@ def pack_rows(batch: RolloutBatch) -> Optional[PackedRows]:
 
 
 def packing_attention(model: torch.nn.Module) -> Optional[str]:
-    """``"varlen"`` (flash-attention), ``"mask"`` (SDPA, eager, flex: a block-diagonal mask) or
-    None (attention that would cross packed rows) for ``model``'s attention implementation."""
+    """``"varlen"`` (flash-attention), ``"block"`` (flex attention's block mask), ``"dense"``
+    (SDPA, eager: an N x N mask) or None (attention that would cross packed rows) for
+    ``model``'s attention implementation."""
     config = getattr(model, "config", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     implementation = getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", None)
-    if implementation in VARLEN_ATTENTION:
-        return "varlen"
-    if implementation in MASKED_ATTENTION:
-        return "mask"
+    for kind, names in (("varlen", VARLEN_ATTENTION), ("block", BLOCK_ATTENTION), ("dense", DENSE_ATTENTION)):
+        if implementation in names:
+            return kind
     return None
 
 
 def packs(model: torch.nn.Module, packing: str) -> bool:
     """Whether ``model``'s forwards are packed under ``rollout.packing``: ``on`` always (an
-    error where its attention would cross rows), ``auto`` where flash-attention's varlen
-    kernels run, ``off`` never."""
+    error where its attention would cross rows), ``auto`` where the attention kernel skips the
+    other rows (flash-attention's varlen, flex attention), ``off`` never."""
     if packing not in PACKING_MODES:
         raise ValueError(f"rollout.packing must be one of {PACKING_MODES}, got {packing!r}")
     if packing == "off":
         return False
     kind = packing_attention(model)
     if packing == "auto":
-        return kind == "varlen"
+        return kind in ("varlen", "block")
     if kind is None:
         config = getattr(model, "config", None)
         raise ValueError(
             "rollout.packing: on needs an attention implementation that keeps packed rows apart "
-            f"({', '.join(VARLEN_ATTENTION + MASKED_ATTENTION)}); this model's is "
+            f"({', '.join(VARLEN_ATTENTION + BLOCK_ATTENTION + DENSE_ATTENTION)}); this model's is "
             f"{getattr(config, '_attn_implementation', None)!r}. Set rollout.packing: off or auto.")
     return True
