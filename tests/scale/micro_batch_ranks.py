@@ -6,7 +6,8 @@ rank 0 runs several micro-batches and rank 1 one, then padding passes (of one to
 lockstep; every forward and backward is a collective, so a pass more on one rank would hang.
 One update (SGD, rate 1: the weights move by minus the gradient) with the budget on and off,
 each against the gradient of the plain model's loss over both ranks' rows in one forward; and
-the no-grad log-probs (pi_old, the reference) with the budget. Each rank writes
+the no-grad log-probs (pi_old, the reference) with the budget; and the update once more with
+the budget and ``rollout.packing: on`` (each micro-batch one packed row). Each rank writes
 ``OUT_DIR/rank<r>.json``."""
 import json
 import sys
@@ -47,8 +48,9 @@ def every_row(vocab: int) -> UpdateBatch:
     return UpdateBatch(batch=batch, advantages=torch.randn(n, generator=g), token_weights=weights)
 
 
-def updater(budget, model, sync=None, world=1) -> PolicyUpdate:
-    update = PolicyUpdate(AlgorithmConfig(loss="gspo"), RolloutConfig(micro_batch_size=3, micro_batch_tokens=budget),
+def updater(budget, model, sync=None, world=1, packing="off") -> PolicyUpdate:
+    update = PolicyUpdate(AlgorithmConfig(loss="gspo"), RolloutConfig(micro_batch_size=3, micro_batch_tokens=budget,
+                                                                      packing=packing),
                           OptimConfig(grad_clip=0.0), max_nonfinite_steps=5, logprob_chunk_tokens=None,
                           correction=CORRECTION)
     update.bind(model, None, UpdateRuntime(sync=sync or RankSync(), world_size=world, step_stats=StepStats()))
@@ -72,14 +74,14 @@ def main(out_dir: str) -> None:
     expected = dict(zip([n for n, _ in reference.named_parameters()],
                         torch.autograd.grad(loss, list(reference.parameters()))))
     out = {}
-    for label, budget in (("on", BUDGET), ("off", None)):
+    for label, budget, packing in (("on", BUDGET, "off"), ("off", None, "off"), ("packed", BUDGET, "on")):
         model, _ = load_sharded_policy("tiny-qwen3", FSDP2Plan(mesh=mesh), seed=3)
         before = {n: full(p).detach().clone() for n, p in model.named_parameters()}
         forwards = []
         hook = model.register_forward_pre_hook(lambda _m, _a, kw: forwards.append(list(kw["input_ids"].shape)),
                                                with_kwargs=True)
-        update = updater(budget, model, RankSync(world), world)
-        if budget is not None:
+        update = updater(budget, model, RankSync(world), world, packing)
+        if label == "on":
             # pi_old / the reference: no-grad log-probs in lockstep passes, back in row order
             logp = update.logprobs_no_grad(model, local.batch)
             want = plain.logprobs_no_grad(reference, local.batch)

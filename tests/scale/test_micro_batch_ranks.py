@@ -1,7 +1,8 @@
 """Token-budget micro-batches on 2 FSDP2 processes (tests/scale/micro_batch_ranks.py): rank 0
 runs more micro-batches than rank 1, which pads with passes of one token in lockstep; the
 update's gradient equals the plain model's over both ranks' rows, budget on and off, and the
-no-grad log-probs equal the plain model's."""
+no-grad log-probs equal the plain model's; packed (``rollout.packing: on``) too, each pass one
+packed row of at most the budget's real tokens."""
 import pytest
 
 from fit_runs import HERE, two_process_results
@@ -10,7 +11,7 @@ from fit_runs import HERE, two_process_results
 @pytest.mark.slow
 def test_token_budget_on_two_ranks(tmp_path):
     ranks = two_process_results(HERE / "micro_batch_ranks.py", tmp_path)
-    for label in ("on", "off"):
+    for label in ("on", "off", "packed"):
         for rank in ranks:
             assert rank[f"{label}_grad_max"] > 0
             assert rank[f"{label}_grad_max_diff"] <= 1e-4 * rank[f"{label}_grad_max"], label
@@ -26,3 +27,7 @@ def test_token_budget_on_two_ranks(tmp_path):
     logp0, logp1 = ranks[0]["logp_forwards"], ranks[1]["logp_forwards"]
     assert len(logp0) == len(logp1) and all(shape == [1, 2] for shape in logp1[1:])
     assert all(r["logp_max_diff"] < 1e-5 for r in ranks)
+    packed0, packed1 = ranks[0]["packed_forwards"], ranks[1]["packed_forwards"]
+    assert len(packed0) == len(packed1) > 1 and all(rows == 1 for rows, _ in packed0 + packed1)
+    assert all(width <= 30 for _, width in packed0) and any(width > 19 for _, width in packed0)  # several rows a pass
+    assert packed1[1:] and all(shape == [1, 1] for shape in packed1[1:])  # padding: the prompt token alone
