@@ -114,6 +114,19 @@ def test_packed_log_probs_entropy_and_gradient_equal_the_padded_forwards(model, 
     assert (packed[0][~mask] == 0).all()
 
 
+def test_qwen3_with_gradient_checkpointing(batch):
+    """Another architecture (Qwen3's q/k norms), with activation checkpointing on in train mode
+    (where the shared-prompt path is off: transformers drops the cache there); packing needs no cache."""
+    model = build_tiny_model(seed=2, arch="qwen3")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mask = batch.response_mask
+    packed = _logp_and_grads(model, batch, packing="on")
+    expected = _logp_and_grads(model, batch, single_pass=True)
+    assert (packed[0] - expected[0])[mask].abs().max() < 1e-5
+    for g, e in zip(packed[2], expected[2]):
+        assert torch.allclose(g, e, rtol=1e-4, atol=1e-6)
+
+
 def test_attention_across_rows_fails_the_comparison(model, batch, monkeypatch):
     """The guard switched off: transformers told the sequence is not packed (a plain causal
     mask over the whole sequence, positions still restarting), later rows see earlier ones."""

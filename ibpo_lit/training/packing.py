@@ -21,8 +21,11 @@ What is not covered:
       own mask): the check reads ``config._attn_implementation`` only.
     * Speed under SDPA / eager: the dense mask makes attention quadratic in the packed length
       instead of each row's; on an H200 a packed SDPA forward + backward took twice the padded
-      one, and flex attention's half (docs/benchmarks.md#packed-forwards). Flash-attention's
-      varlen path has not run (flash-attn is not installed on the machines tried).
+      one, and flex attention's half (docs/benchmarks.md#packed-forwards). Memory too: on the
+      CPU, SDPA's packed attention holds O(N^2) bytes while a layer runs (an 8k-token packed
+      row, tiny-wide model: about 320 MiB more than the padded forward), which the plan
+      (``python -m ibpo_lit plan``) does not count. Flash-attention's varlen path has not run
+      (flash-attn is not installed on the machines tried).
     * Rows with an empty prompt: the first response token has no position to be predicted
       from; ``pack_rows`` refuses them (the caller falls back to the padded forward).
 """
