@@ -30,13 +30,14 @@ What is covered:
       one and costs no memory in backward.
     * Packed rows (``packing``: ``rollout.packing``, ``training/packing.py``): the rows laid end
       to end in one sequence with no padding, ``position_ids`` restarting per row, attention
-      kept within each row by transformers (flash-attention's varlen kernels, or a
-      block-diagonal causal mask under SDPA / eager); one forward, no cache, only response
-      positions reach the head (chunked or not, entropy or not), each log-prob put back in its
-      row [B, Lr]. It replaces both paths below when on, ``single_pass`` included (it is one
-      forward already). Same log-probs and gradient as the per-row forward up to float rounding
-      (tests/test_packed_logprobs.py, SDPA on the CPU; the varlen path needs a GPU and is not
-      tested here).
+      kept within each row by transformers (flash-attention's varlen kernels, flex attention's
+      block mask, or a dense block-diagonal causal mask under SDPA / eager); one forward, no
+      cache, only response positions reach the head (chunked or not, entropy or not), each
+      log-prob put back in its row [B, Lr]. When on, it replaces the shared-prompt and per-row
+      forwards, under ``single_pass`` too (it is one forward already). Same log-probs and gradient as the per-row forward up to float rounding
+      (tests/test_packed_logprobs.py, SDPA on the CPU; flex attention ran on a GPU in
+      ``scripts/bench_packing.py``, flash-attention's varlen path has not run). Which is faster
+      where: docs/benchmarks.md#packed-forwards.
     * ``single_pass``: exactly one forward per call, whatever the rows (the plain per-row
       forward). Under FSDP2 every forward is a collective, so ranks must agree on the number of
       forwards; the shared-prompt path runs one per length bucket, which depends on the rank's

@@ -39,8 +39,8 @@ def micro_batches(rows: Tensor, prompt_lengths: Tensor, response_lengths: Tensor
     """``rows`` [n] (indices) cut, in their order, into contiguous micro-batches of at most
     ``max_rows`` rows and, when ``max_tokens`` is set, at most ``max_tokens`` padded tokens
     (``len(micro) * (max prompt length + max response length)`` over its rows; ``packed``: the
-    sum of their prompt + response lengths instead; a single row over the budget goes alone). ``prompt_lengths`` / ``response_lengths``: every row's real
-    lengths, indexed by ``rows``. None when ``rows`` is empty (``torch.split`` of an empty tensor
+    sum of their prompt + response lengths instead; a single row over the budget goes alone).
+    ``prompt_lengths`` / ``response_lengths``: every row's real lengths, indexed by ``rows``. None when ``rows`` is empty (``torch.split`` of an empty tensor
     yields one empty chunk)."""
     if not len(rows):
         return []
