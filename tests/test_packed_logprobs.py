@@ -228,3 +228,13 @@ def test_the_update_comparison_sees_attention_across_rows(model, monkeypatch):
     monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
     crossed = _run(algorithm, model, None, update, "on", 1, None)[0]
     assert not all(_close(crossed[name], good[name]) for name in good)
+
+
+def test_auto_under_sdpa_is_todays_path_bit_for_bit(model):
+    algorithm = AlgorithmConfig(ibpo=IBPOConfig(variant="mask"))
+    update = _update_batch(algorithm, model.config.vocab_size)
+    off, metrics_off, forwards_off, _ = _run(algorithm, model, None, update, "off", 1, None)
+    auto, metrics_auto, forwards_auto, _ = _run(algorithm, model, None, update, "auto", 1, None)
+    assert forwards_auto == forwards_off and any(rows > 1 for rows, _ in forwards_off)  # not packed
+    assert all(torch.equal(auto[name], off[name]) for name in off)
+    assert metrics_auto == metrics_off
