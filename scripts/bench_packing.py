@@ -9,6 +9,7 @@
     python scripts/bench_packing.py --device cpu --shape tiny-wide --dtype fp32            # CPU
     python scripts/bench_packing.py --device cuda --shape qwen3-0.6b --dtype bf16 \\
         --attn sdpa flex_attention                                                          # GPU
+    python scripts/bench_packing.py --device cpu --model smollm2-135m-instruct --threads 2  # a real model
 
 One micro-batch of ``--prompts`` prompts x ``--group-size`` responses, prompt and response
 lengths drawn uniformly (seeded) from ``--prompt-tokens`` / ``--response-tokens``; a loss
@@ -16,7 +17,8 @@ lengths drawn uniformly (seeded) from ``--prompt-tokens`` / ``--response-tokens`
 ``--warmup`` rounds), so a machine's load drifts over all of them alike; the median seconds of
 each, its tokens per second (real prompt + response tokens), its peak memory on a GPU, and each
 mode's largest |log-prob - per_row's| over the response tokens (float rounding only). Models are
-Qwen3s with the shapes of scripts/gpu_check_cases.py and random weights (no download). Writes a
+Qwen3s with the shapes of scripts/gpu_check_cases.py and random weights (no download), or
+``--model``: any name or path ``model.model`` takes (``ibpo_lit.models.loading.load_policy``). Writes a
 JSON (``--out``) and prints it. Not covered: flash-attention (not installed on the machines
 this was written for; ``--attn flash_attention_2`` runs it where it is).
 """
@@ -47,6 +49,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--shape", default="tiny-wide", choices=sorted(SHAPES))
+    p.add_argument("--model", default=None, help="a model.model name or path instead of --shape")
     p.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--group-size", type=int, default=8)
@@ -93,7 +96,13 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    model = build_model(args.shape, seed=0).to(device=device, dtype=DTYPES[args.dtype]).train()
+    if args.model:
+        from ibpo_lit.models.loading import load_policy
+
+        model = load_policy(args.model, {"fp32": "float32", "bf16": "bfloat16"}[args.dtype])[0]
+    else:
+        model = build_model(args.shape, seed=0)
+    model = model.to(device=device, dtype=DTYPES[args.dtype]).train()
     batch = make_batch(args, model.config.vocab_size).to(device)
     mask = batch.response_mask
     real = int(batch.prompt_mask.sum() + mask.sum())
