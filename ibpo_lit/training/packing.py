@@ -26,6 +26,8 @@ What is not covered:
       row, tiny-wide model: about 320 MiB more than the padded forward), which the plan
       (``python -m ibpo_lit plan``) does not count. Flash-attention's varlen path has not run
       (flash-attn is not installed on the machines tried).
+    * Prompt sharing: each row forwards its own copy of its prompt (a group's G rows, G copies),
+      where the shared-prompt path (``training/logprobs.py``) forwards it once.
     * Rows with an empty prompt: the first response token has no position to be predicted
       from; ``pack_rows`` refuses them (the caller falls back to the padded forward).
 """
