@@ -18,6 +18,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 TIMEOUT_S = 420  # a hang (mismatched collectives) fails the test instead of stalling CI
+# Set by a launcher or by Lightning in *this* process (its `_init_dist_connection` writes
+# MASTER_ADDR/MASTER_PORT into os.environ): a child that inherits them rendezvouses on the
+# parent's port, which the parent's store may still hold (EADDRINUSE on the H200, 2026-11-27,
+# when scripts/gpu_check.py ran `pytest -m gpu` after its own fits). Each child picks its own.
+LAUNCHER_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                "GROUP_RANK", "NODE_RANK", "TORCHELASTIC_RUN_ID")
 
 
 def two_process_results(script: Path, out_dir: Path) -> list[dict]:
@@ -31,7 +37,7 @@ def two_process_results(script: Path, out_dir: Path) -> list[dict]:
 
 
 def fit_env() -> dict[str, str]:
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     # faulthandler: a worker that dies of a signal prints its Python stack (or "no Python frame")
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONFAULTHANDLER="1")

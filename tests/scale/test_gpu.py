@@ -50,10 +50,19 @@ def test_fsdp2_bf16_mixed_keeps_fp32_master_weights_and_gradients(tmp_path):
     assert result["grad_norm"] == result["grad_norm"]  # finite
 
 
-def test_the_gpu_tests_fit_script_runs_on_the_cpu(tmp_path):
+def test_the_gpu_tests_fit_script_runs_on_the_cpu(tmp_path, monkeypatch):
     """The same script, one step on the CPU: the GPU test failed on its first lease for a
     reason of its own (a string where the code takes an ``IBPOConfig``), which a CPU run of the
-    same code shows without a GPU."""
+    same code shows without a GPU. And on its second (H200, 2026-11-27) for another: it ran in
+    scripts/gpu_check.py's process after that process's own fits, whose Lightning had written
+    MASTER_PORT into os.environ while its store still held the port; the child inherited it and
+    failed with EADDRINUSE. Here this process holds a store on the port its environment names,
+    as gpu_check's did: the child must rendezvous on a port of its own (``fit_env``)."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # holds its port
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
     result = fsdp2_bf16_mixed_step(tmp_path, "cpu", steps=1)
     assert result["param"] == "torch.float32"
 
