@@ -668,7 +668,8 @@ class IBPOModule(L.LightningModule):
         self.unscorable_streak.load_state_dict(state.get("unscorable_streak", {}))
         self._pending_rng_state = self._own_rng_state(state)
         in_flight = state.get("in_flight")
-        self._in_flight = in_flight_from_state(in_flight) if in_flight is not None and self.rollout_cfg.max_staleness else None
+        keep = in_flight is not None and self.rollout_cfg.max_staleness
+        self._in_flight = in_flight_from_state(in_flight) if keep else None
         if in_flight is not None and self._in_flight is None:
             rank_zero_warn("the checkpoint holds a batch generated one step ahead (model.rollout.max_staleness: 1) and "
                            "this run is on-policy: the batch is dropped and its step samples again")

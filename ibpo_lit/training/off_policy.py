@@ -43,10 +43,10 @@ Design, as settled:
 
 What is not covered: lags above 1; several processes; dynamic sampling (its rounds decide after
 scoring whether another batch is needed, which a batch generated ahead cannot know); engines
-other than ``vllm_server``; a model-scored reward (``reward_model:``, ``judge:`` with a model
-of its own) runs its forward in the producer, on the trainer's device beside the update: allowed,
-but the plan (``ibpo_lit.plan``) does not count the two at once; the last step's batch ahead is generated and never trained (it is
-in the final checkpoint, for a resume with more steps).
+other than ``vllm_server``. A model-scored reward (``reward_model:``, ``judge:`` with a model of
+its own) runs its forward in the producer, on the trainer's device beside the update: allowed,
+but the plan (``ibpo_lit.plan``) does not count the two at once. The last step's batch ahead is
+generated and never trained (it is in the final checkpoint, for a resume with more steps).
 """
 from __future__ import annotations
 

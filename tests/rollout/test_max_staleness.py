@@ -129,7 +129,8 @@ def _produced() -> Produced:
     rows, lp, lr = 4, 3, 5
     batch = RolloutBatch(
         prompt_ids=torch.randint(0, 50, (rows, lp), generator=g), prompt_mask=torch.ones(rows, lp, dtype=torch.bool),
-        response_ids=torch.randint(0, 50, (rows, lr), generator=g), response_mask=torch.rand(rows, lr, generator=g) > 0.3,
+        response_ids=torch.randint(0, 50, (rows, lr), generator=g),
+        response_mask=torch.rand(rows, lr, generator=g) > 0.3,
         rollout_logp=-torch.rand(rows, lr, generator=g), group_index=torch.tensor([0, 0, 1, 1]),
         seeds=torch.tensor([11, 12, 13, 14]), finished=torch.tensor([True, False, True, True]))
     prompts = [Prompt([1, 2, 3], "1+1?", "2", uid="arithmetic:7", meta={"stream_position": {"epoch": 0, "index": 8}},
@@ -167,7 +168,8 @@ def test_the_batch_in_flight_round_trips_through_a_weights_only_checkpoint():
     buffer.seek(0)
     back = in_flight_from_state(torch.load(buffer, weights_only=True)["ibpo_lit"]["in_flight"])
     assert _same(produced, back)
-    assert isinstance(back.scored.corrections.train_batch, RolloutBatch) and back.scored.prompts[0].columns == {"answer": "2"}
+    assert isinstance(back.scored.corrections.train_batch, RolloutBatch)
+    assert back.scored.prompts[0].columns == {"answer": "2"}
     # the comparison can fail: a changed token is seen
     back.scored.rollouts.response_ids[0, 0] += 1
     assert not _same(produced, back)
