@@ -8,10 +8,12 @@ module's look-ahead (each step's prompts with the next's, only the first consume
 exactly).
 
 With the real vLLM server (``backend: vllm_server``, the tiny model, fp32; one server for the
-module, one test): a 3-step fit against a 2-step fit resumed to 3 from its last checkpoint. The
-batches lag by exactly one update after the first, the next step's generation starts before the
-update ends (timestamps), the checkpoint holds the next step's finished batch, the resumed run
-trains on it and ends where the uninterrupted one does. Skipped without vLLM.
+module, one test): a 3-step fit against a fit SIGKILLed (in a process of its own, mid-step, its
+thread generating ahead) once its checkpoint holds step 2, then resumed to 3. The batches lag by
+exactly one update after the first, the next step's generation starts before the update ends
+(timestamps), the checkpoint holds the next step's finished batch, the resumed run trains on it
+(with the load switched off it samples again with newer weights and the test fails) and ends
+where the uninterrupted one does, bitwise. Skipped without vLLM.
 
 ``max_staleness: 0`` is the code path of before (``IBPOModule.training_step`` returns into
 ``_off_policy_step`` only when it is set): the existing fit, resume and equivalence tests cover it.
@@ -21,6 +23,8 @@ from __future__ import annotations
 import io
 import math
 import os
+import signal
+import subprocess
 import sys
 import time
 
@@ -242,21 +246,58 @@ class _Record(L.Callback):
                             if k.startswith(("time/", "rollout/staleness", "timing/"))})
 
 
+def _args(url, root, steps) -> list[str]:
+    return ["--config", TINY_VLLM, "--trainer.max_steps", str(steps), "--trainer.default_root_dir", str(root),
+            "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+            "--model.rollout.backend", "vllm_server", "--model.rollout.vllm.server.url", url,
+            "--model.rollout.max_staleness", "1",
+            # one request at a time: the server's log-probs of a request vary at ~5e-7 with the
+            # requests it batches it with (measured: 4.8e-7 on one batch of two otherwise equal
+            # runs, 4e-6 in the weights after Adam), which would hide a resume's exactness
+            "--model.rollout.vllm.server.max_concurrent_requests", "1"]
+
+
 def _fit(url, root, steps, ckpt=None):
     from ibpo_lit.__main__ import main
 
-    cli = main(["--config", TINY_VLLM, "--trainer.max_steps", str(steps), "--trainer.default_root_dir", str(root),
-                "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
-                "--model.rollout.backend", "vllm_server", "--model.rollout.vllm.server.url", url,
-                "--model.rollout.max_staleness", "1",
-                # one request at a time: the server's log-probs of a request vary at ~5e-7 with the
-                # requests it batches it with (measured: 4.8e-7 on one batch of two otherwise equal
-                # runs, 4e-6 in the weights after Adam), which would hide a resume's exactness
-                "--model.rollout.vllm.server.max_concurrent_requests", "1"], run=False)
+    cli = main(_args(url, root, steps), run=False)
     record = _Record()
     cli.trainer.callbacks.append(record)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt)
     return cli, record
+
+
+def _global_step(ckpt):
+    try:  # (written atomically: a file that exists is whole)
+        return torch.load(ckpt, map_location="cpu", weights_only=True)["global_step"]
+    except (FileNotFoundError, RuntimeError, EOFError):
+        return None
+
+
+def _sigkilled_after(url, root, steps, kill_at):
+    """A fit of ``steps`` in a process of its own, SIGKILLed (its whole process group, no teardown)
+    once its ``last.ckpt`` holds step ``kill_at``: mid-step, its thread generating ahead."""
+    repo = os.path.join(os.path.dirname(__file__), "..", "..")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    root.mkdir(parents=True)
+    ckpt = root / "checkpoints" / "last.ckpt"
+    with open(root / "fit.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "ibpo_lit", "fit", *_args(url, root, steps)], cwd=repo,
+                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 900
+            while (_global_step(ckpt) or 0) < kill_at:
+                assert proc.poll() is None, (root / "fit.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "no checkpoint of the step to kill after"
+                time.sleep(0.05)
+            os.killpg(proc.pid, signal.SIGKILL)
+            assert proc.wait() == -signal.SIGKILL
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return ckpt
 
 
 def _in_flight(ckpt):
@@ -280,19 +321,18 @@ def test_one_step_off_policy_overlaps_lags_one_update_and_resumes_exactly(server
     assert (ahead.scored.step, ahead.scored.weights_version) == (3, 2)
     assert ahead.scored.corrections is not None and len(ahead.scored.texts) == len(ahead.scored.rewards)
 
-    _, cut_seen = _fit(server, tmp_path / "cut", 2)
-    ckpt = tmp_path / "cut" / "checkpoints" / "last.ckpt"
+    ckpt = _sigkilled_after(server, tmp_path / "killed", 3, kill_at=2)
     saved = _in_flight(ckpt)
-    assert (saved.scored.step, saved.scored.weights_version) == (2, 1)
-    resumed, resumed_seen = _fit(server, tmp_path / "cut", 3, ckpt=str(ckpt))
+    assert _global_step(ckpt) == 2 and (saved.scored.step, saved.scored.weights_version) == (2, 1)
+    resumed, resumed_seen = _fit(server, tmp_path / "killed", 3, ckpt=str(ckpt))
     # the resumed step trains the checkpoint's batch (not one sampled again), the same as the full run's
     assert resumed_seen.trained[0][:3] == (2, 1, 2)
     assert resumed_seen.trained[0][3] == saved.scored.texts == seen.trained[2][3]
-    assert cut_seen.trained == seen.trained[:2]
-    # and ends where the uninterrupted run does: the weights, and the batch it generated ahead
-    full_weights, resumed_weights = full.model.policy.state_dict(), resumed.model.policy.state_dict()
     assert torch.equal(resumed_seen.logp[0], saved.scored.rollouts.rollout_logp)
     assert torch.equal(resumed_seen.logp[0], seen.logp[2])
+    # and ends where the uninterrupted run does: the weights, and the batch it generated ahead
+    full_weights, resumed_weights = full.model.policy.state_dict(), resumed.model.policy.state_dict()
     assert all(torch.equal(full_weights[k], resumed_weights[k]) for k in full_weights)
-    last = _in_flight(tmp_path / "cut" / "checkpoints" / "last.ckpt")
+    last = _in_flight(ckpt)
+    assert (last.scored.step, last.scored.weights_version) == (3, 2)
     assert torch.equal(last.scored.rollouts.response_ids, ahead.scored.rollouts.response_ids)
