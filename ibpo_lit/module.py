@@ -51,6 +51,7 @@ from ibpo_lit.data.lookahead import StepPrompts
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.data.val_benchmarks import VAL_SET_KEY
 from ibpo_lit.evaluation.metrics import avg_at_k, mean_pass_at_k
+from ibpo_lit.models.compile import compile_decoder_layers
 from ibpo_lit.models.hf_compat import enable_activation_checkpointing
 from ibpo_lit.models.lora import LoRAConfig, adapter_state, apply_lora
 from ibpo_lit.models.loading import load_policy, load_sharded_policy, model_files
@@ -141,6 +142,10 @@ class IBPOModule(L.LightningModule):
         gradient_checkpointing: Recompute activations in the backward pass to save memory.
         lora: Train low-rank adapters instead of every weight (``peft``; TRL's ``peft_config``,
             verl's ``lora_rank``): only the adapters are trained, stepped and checkpointed; the
+        torch_compile: ``torch.compile`` each decoder layer for the trainer's forwards (regional
+            compilation; TRL's ``torch_compile``, verl's ``use_torch_compile``): the first steps
+            pay the compilation, generation stays eager. Whether it pays depends on the device:
+            docs/benchmarks.md (``scripts/bench_update.py``).
             KL reference is the base with the adapters off; the vLLM sync sends the merged
             weights. Unset = full fine-tuning. Not with FSDP2.
         logprob_chunk_tokens: The trainer's forward applies the LM head to at most this many
@@ -166,6 +171,7 @@ class IBPOModule(L.LightningModule):
         gradient_checkpointing: bool = False,
         logprob_chunk_tokens: Optional[int] = 4096,
         lora: Optional[LoRAConfig] = None,
+        torch_compile: bool = False,
         rollout_correction: RolloutCorrectionConfig = RolloutCorrectionConfig(),  # noqa: B008
     ) -> None:
         super().__init__()
@@ -205,6 +211,7 @@ class IBPOModule(L.LightningModule):
         self.gradient_checkpointing = gradient_checkpointing
         if logprob_chunk_tokens is not None and logprob_chunk_tokens < 1:
             raise ValueError(f"logprob_chunk_tokens must be >= 1 or unset, got {logprob_chunk_tokens}")
+        self.torch_compile = torch_compile
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.lora = lora
         # A LoRA checkpoint holds the adapters only; the base comes from `model` at load time.
@@ -248,6 +255,8 @@ class IBPOModule(L.LightningModule):
             enable_activation_checkpointing(self.policy, {"use_reentrant": False})
         if self.algorithm.needs_reference and self.lora is None:  # a KL in the loss or in the reward
             # (With LoRA the reference is the base, adapters off: `PolicyUpdate.ref_logprobs`.)
+        if self.torch_compile:  # after sharding and checkpointing: both stay outside the compiled layers
+            compile_decoder_layers(self.policy)
             # Frozen copy of the initial policy; dropout is already off (see load_policy). A
             # sharded policy cannot be deep-copied: the reference is loaded and sharded the same way.
             if self._plan is not None:

@@ -54,6 +54,7 @@ from transformers.generation.logits_process import (
 )
 
 from ibpo_lit.algorithms.logprobs import token_logprobs
+from ibpo_lit.models.compile import eager
 from ibpo_lit.models.hf_compat import cache_kwargs, output_cache
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.rollout.engine import RolloutEngine, SamplingConfig, check_generate_args
@@ -114,7 +115,9 @@ class HFRolloutEngine(RolloutEngine):
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad(), gathered_weights(self.model, self.reshard_after_forward):
+            # eager(): layers compiled for training (model.torch_compile) would recompile at every
+            # new cache length here
+            with torch.no_grad(), eager(), gathered_weights(self.model, self.reshard_after_forward):
                 parts = [
                     self._generate_rows(rows[i : i + chunk], seeds[i : i + chunk], sampling)
                     for i in range(0, len(rows), chunk)
