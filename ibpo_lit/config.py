@@ -320,6 +320,11 @@ class RolloutConfig:
             Packed, ``micro_batch_tokens``
             counts a micro-batch's real tokens (the packed sequence's length), not padded ones.
             The loss and gradient are the same either way (up to float rounding).
+        balance_ranks: With several processes, gather each mini-batch's rows from every rank and
+            deal them anew by length (longest first, snake order; a prompt's rows together
+            unless packed: ``training/rank_balance.py``), so each micro-batch index costs about
+            the same on every rank. The loss and gradient are the same up to float rounding;
+            per-rank-mean metrics move. No effect in one process.
         train_zero_advantage_rows: Forward and backward the rows whose advantage is 0 as well.
             Their gradient is exactly 0 without a KL or entropy term, so by default they are
             skipped (and with those terms every row is trained anyway); true only costs time,
@@ -356,6 +361,7 @@ class RolloutConfig:
     micro_batch_size: int = 8
     micro_batch_tokens: Optional[int] = None
     packing: Literal["off", "on", "auto"] = "off"
+    balance_ranks: bool = False
     train_zero_advantage_rows: bool = False
     old_logp: Literal["trainer", "rollout"] = "trainer"
     mismatch_every_n_steps: int = 1

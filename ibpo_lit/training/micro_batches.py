@@ -20,8 +20,9 @@ What is covered:
 
 What is not covered:
     * Balancing lengths across ranks (verl's ``balance_batch``): prompts are dealt to ranks
-      before their responses exist (``data/stream.py``) and each rank trains the rows it
-      generated, so balancing would move rows between processes; not done.
+      before their responses exist (``data/stream.py``), so each rank generates rows of its
+      own lengths; ``rollout.balance_ranks`` deals a mini-batch's rows anew before this cut
+      (``training/rank_balance.py``, wired in ``training/update.py``).
 """
 from __future__ import annotations
 

@@ -11,7 +11,9 @@ correction's weights, ``algorithms/rollout_correction.py``, where its per-token 
 assembled); global gradient-norm clipping; a step whose loss or gradient norm is not finite
 is skipped (on every rank) and counted, and ``max_nonfinite_steps`` of them in a row stop the
 run. Under FSDP2 every forward is a collective, so every rank runs as many passes as the
-busiest one (the extra ones on one prompt token and one response token).
+busiest one (the extra ones on one prompt token and one response token); with
+``rollout.balance_ranks`` each mini-batch's rows are first dealt anew across ranks by length
+(``training/rank_balance.py``), so the ranks' micro-batches cost about the same.
 
 It is given what it works with: the configs when it is built, and once per fit (``bind``) the
 policy, its reference and an `UpdateRuntime` (the collectives, the device, Lightning's
@@ -42,6 +44,7 @@ from ibpo_lit.training.logprobs import response_logprobs, response_logprobs_and_
 from ibpo_lit.training.metric_reductions import MAX, MIN, reduction_of
 from ibpo_lit.training.micro_batches import length_order, micro_batches, one_token_row, row_lengths
 from ibpo_lit.training.packing import packs
+from ibpo_lit.training.rank_balance import balanced_rows, units_of
 from ibpo_lit.training.step_types import StepStats, UpdateBatch
 
 
@@ -133,6 +136,12 @@ class PolicyUpdate:
         return packs(self.policy, self.rollout_cfg.packing)
 
     @property
+    def balances(self) -> bool:
+        """Whether each mini-batch's rows are dealt to ranks by length (``rollout.balance_ranks``
+        with more than one process: ``training/rank_balance.py``)."""
+        return self.rollout_cfg.balance_ranks and self.runtime.world_size > 1
+
+    @property
     def regularizer(self):
         """The KL and entropy terms' settings (``algorithms/regularizers.py``)."""
         return self.algorithm.regularizer_settings
@@ -175,8 +184,12 @@ class PolicyUpdate:
         totals: dict[str, float] = {}
         # tensor_split: exactly num_mini_batches optimizer steps on every rank, whatever its rows
         # (torch.chunk may return fewer parts than asked for).
-        for mini in order.tensor_split(cfg.num_mini_batches):
-            for key, value in self._mini_batch(batch, advantages, token_weights, old_logp, ref_logp, mini.to(device),
+        minis = [mini.to(device) for mini in order.tensor_split(cfg.num_mini_batches)]
+        if self.balances:  # each mini-batch's rows, over every rank, dealt anew by length
+            batch, advantages, token_weights, old_logp, ref_logp, minis = self._deal_to_ranks(
+                batch, advantages, token_weights, old_logp, ref_logp, minis)
+        for mini in minis:
+            for key, value in self._mini_batch(batch, advantages, token_weights, old_logp, ref_logp, mini,
                                                optimizer, scheduler).items():
                 totals[key] = totals.get(key, 0.0) + value / cfg.num_mini_batches
         metrics = totals
@@ -256,6 +269,43 @@ class PolicyUpdate:
         out.update(extremes)
         out.update({"train/loss": loss_total, "train/grad_norm": grad_norm, "train/lr": scheduler.get_last_lr()[0]})
         return out
+
+    def _deal_to_ranks(self, batch: RolloutBatch, advantages: Tensor, token_weights: Optional[Tensor],
+                       old_logp: Optional[Tensor], ref_logp: Optional[Tensor], minis: list[Tensor]):
+        """Every rank's rows and their per-row tensors gathered (one collective; every rank then
+        holds the whole batch, token ids and per-token floats, no activations), and this rank's
+        share of each mini-batch: the union of the ranks' own mini-batches, dealt by
+        ``rank_balance.balanced_rows`` (rows of one prompt together unless packed). Every rank
+        computes the same deal. Returns the gathered tensors and this rank's mini-batches, as
+        indices into them: the loss's denominators (summed over ranks) are unchanged."""
+        sync, device, world = self.runtime.sync, self.runtime.device, self.runtime.world_size
+        rank = torch.distributed.get_rank() if sync.active else 0
+        cpu = (lambda t: t.cpu() if t is not None else None)
+        everyone = sync.gather({"batch": batch.to("cpu"), "advantages": advantages.cpu(),
+                                "token_weights": cpu(token_weights), "old_logp": cpu(old_logp),
+                                "ref_logp": cpu(ref_logp), "minis": [m.cpu() for m in minis]})
+        sizes = [len(e["batch"]) for e in everyone]
+        offsets = [sum(sizes[:r]) for r in range(len(sizes))]
+        whole = RolloutBatch.concat([e["batch"] for e in everyone], pad_token_id=0)  # pads are masked
+
+        def joined(name: str) -> Optional[Tensor]:
+            parts = [e[name] for e in everyone]
+            if all(p is None for p in parts):
+                return None
+            if parts[0].dim() == 1:
+                return torch.cat(parts).to(device)
+            width = max(p.shape[1] for p in parts)
+            return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]).to(device)
+
+        source = torch.cat([torch.full((n,), r, dtype=torch.long) for r, n in enumerate(sizes)])
+        lengths = whole.prompt_mask.sum(dim=1) + whole.response_mask.sum(dim=1)
+        mine = []
+        for index in range(len(minis)):
+            rows = torch.cat([e["minis"][index] + offsets[r] for r, e in enumerate(everyone)])
+            units = units_of(rows, source, whole.group_index, by_row=self.packed)
+            mine.append(balanced_rows(rows, lengths, units, world)[rank].to(device))
+        return (whole.to(device), joined("advantages"), joined("token_weights"), joined("old_logp"),
+                joined("ref_logp"), mine)
 
     def _trained_rows(self, rows: Tensor, batch: RolloutBatch, advantages: Tensor) -> Tensor:
         """The rows of ``rows`` whose forward can change the loss, shortest first: the one rule

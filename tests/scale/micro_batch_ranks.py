@@ -7,7 +7,10 @@ lockstep; every forward and backward is a collective, so a pass more on one rank
 One update (SGD, rate 1: the weights move by minus the gradient) with the budget on and off,
 each against the gradient of the plain model's loss over both ranks' rows in one forward; and
 the no-grad log-probs (pi_old, the reference) with the budget; and the update once more with
-the budget and ``rollout.packing: on`` (each micro-batch one packed row). Each rank writes
+the budget and ``rollout.packing: on`` (each micro-batch one packed row); and with
+``rollout.balance_ranks`` (rows dealt anew by length: 4 and 4, so fewer lockstep passes), the
+gradient still the plain model's, packed or not, and over two mini-batches (two SGD steps)
+the weights those of the same run undealt. Each rank writes
 ``OUT_DIR/rank<r>.json``."""
 import json
 import sys
@@ -48,9 +51,10 @@ def every_row(vocab: int) -> UpdateBatch:
     return UpdateBatch(batch=batch, advantages=torch.randn(n, generator=g), token_weights=weights)
 
 
-def updater(budget, model, sync=None, world=1, packing="off") -> PolicyUpdate:
-    update = PolicyUpdate(AlgorithmConfig(loss="gspo"), RolloutConfig(micro_batch_size=3, micro_batch_tokens=budget,
-                                                                      packing=packing),
+def updater(budget, model, sync=None, world=1, packing="off", balance=False, minis=1) -> PolicyUpdate:
+    rollout = RolloutConfig(micro_batch_size=3, micro_batch_tokens=budget, packing=packing, balance_ranks=balance,
+                            num_mini_batches=minis)
+    update = PolicyUpdate(AlgorithmConfig(loss="gspo"), rollout,
                           OptimConfig(grad_clip=0.0), max_nonfinite_steps=5, logprob_chunk_tokens=None,
                           correction=CORRECTION)
     update.bind(model, None, UpdateRuntime(sync=sync or RankSync(), world_size=world, step_stats=StepStats()))
@@ -73,14 +77,17 @@ def main(out_dir: str) -> None:
     loss, _ = plain.policy_loss(everything.batch, everything.advantages, everything.token_weights)
     expected = dict(zip([n for n, _ in reference.named_parameters()],
                         torch.autograd.grad(loss, list(reference.parameters()))))
-    out = {}
-    for label, budget, packing in (("on", BUDGET, "off"), ("off", None, "off"), ("packed", BUDGET, "on")):
+    out, moves = {}, {}
+    runs = (("on", BUDGET, "off", False, 1), ("off", None, "off", False, 1), ("packed", BUDGET, "on", False, 1),
+            ("balanced", BUDGET, "off", True, 1), ("balanced_packed", BUDGET, "on", True, 1),
+            ("minis", BUDGET, "off", False, 2), ("minis_balanced", BUDGET, "off", True, 2))
+    for label, budget, packing, balance, minis in runs:
         model, _ = load_sharded_policy("tiny-qwen3", FSDP2Plan(mesh=mesh), seed=3)
         before = {n: full(p).detach().clone() for n, p in model.named_parameters()}
         forwards = []
         hook = model.register_forward_pre_hook(lambda _m, _a, kw: forwards.append(list(kw["input_ids"].shape)),
                                                with_kwargs=True)
-        update = updater(budget, model, RankSync(world), world, packing)
+        update = updater(budget, model, RankSync(world), world, packing, balance, minis)
         if label == "on":
             # pi_old / the reference: no-grad log-probs in lockstep passes, back in row order
             logp = update.logprobs_no_grad(model, local.batch)
@@ -91,12 +98,16 @@ def main(out_dir: str) -> None:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
         metrics = update.run(local, optimizer, scheduler, step_index=0)
         hook.remove()
-        moved = {n: before[n] - full(p).detach() for n, p in model.named_parameters()}
+        moved = moves[label] = {n: before[n] - full(p).detach() for n, p in model.named_parameters()}
+        if minis > 1:  # two optimizer steps: the dealt run against the undealt one
+            continue
         out[f"{label}_grad_max_diff"] = max(float((moved[n] - expected[n]).abs().max()) for n in expected)
         out[f"{label}_grad_max"] = max(float(g.abs().max()) for g in expected.values())
         out[f"{label}_forwards"] = forwards
         out[f"{label}_loss"] = metrics["train/loss"]
     out["expected_loss"] = float(loss)
+    out["minis_weight_diff"] = max(float((moves["minis"][n] - moves["minis_balanced"][n]).abs().max()) for n in expected)
+    out["minis_weight_moved"] = max(float(moves["minis"][n].abs().max()) for n in expected)
 
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
     dist.barrier()
