@@ -225,6 +225,30 @@ class UpdateDriver:
         }
 
 
+def measured_figures(group: UpdateGroup, figures: dict, model, peak_tflops: float,
+                     outside_gib: Optional[float]) -> dict:
+    """A finished group's figures (`UpdateDriver`) as seconds, tokens/s and MFU: 6N FLOPs per
+    trained token (recomputation not counted; attention's FLOPs beside it) over ``peak_tflops``;
+    ``model``: the shape's `ibpo_lit.plan.shapes.ModelShape`; ``outside_gib``: what the process
+    holds outside torch's allocator (the device's total is the reserved peak plus it)."""
+    seconds, tokens = figures["mean_step_s"], figures["trained_tokens_per_step"]
+    flops = 6 * figures["params"] * tokens  # recomputation not counted
+    # causal attention, forward and backward: 6 L^2 x (heads x head_dim) FLOPs a layer and row
+    attention = 6 * model.layers * model.q_width * group.rows * group.row_tokens ** 2
+    peak = peak_tflops * 1e12
+    memory = figures["memory"] or {}
+    return {
+        "seconds_per_step": seconds, "step_s": figures["step_s"], "warmup_s": figures["warmup_s"],
+        "setup_s": figures["setup_s"], "trained_tokens_per_step": tokens,
+        "trained_tokens_per_s": tokens / seconds, "tflops": flops / seconds / 1e12,
+        "mfu": flops / seconds / peak, "attention_tflop_per_step": attention / 1e12,
+        "mfu_with_attention": (flops + attention) / seconds / peak,
+        "peak_allocated_gib": memory.get("peak_allocated_gib"), "peak_reserved_gib": memory.get("peak_reserved_gib"),
+        "device_gib": memory["peak_reserved_gib"] + outside_gib if memory and outside_gib is not None else None,
+        "warmup_memory": figures["warmup_memory"], "losses": figures["losses"], "grad_norms": figures["grad_norms"],
+    }
+
+
 def synthetic_update(group: UpdateGroup, vocab: int, seed: int):
     """``group.rows`` rows of random token ids (every row its own prompt), every token real,
     advantages +1 and -1 in turn so that every row is trained (`PolicyUpdate` skips rows whose
@@ -245,9 +269,15 @@ def synthetic_update(group: UpdateGroup, vocab: int, seed: int):
     return UpdateBatch(batch=batch, advantages=advantages, token_weights=None)
 
 
-def update_module(shape: str, group: UpdateGroup, lr: float = 1e-6):
+UPDATE_SETTINGS = {"gradient_checkpointing": True, "logprob_chunk_tokens": 4096, "torch_compile": False, "fused": None}
+"""The update cases' module settings (stage 1's): ``scripts/bench_update.py`` varies them."""
+
+
+def update_module(shape: str, group: UpdateGroup, lr: float = 1e-6, settings: Optional[dict] = None):
     """``IBPOModule`` set for the shape's update cases: GSPO without IBPO (no corrections), the
-    groups' micro-batches, gradient checkpointing; its ``training_step`` is the driver's."""
+    groups' micro-batches, `UPDATE_SETTINGS` updated by ``settings`` (gradient checkpointing,
+    the head's chunk, compilation, AdamW's kernel); its ``training_step`` is the driver's."""
+    settings = {**UPDATE_SETTINGS, **(settings or {})}
     from ibpo_lit.config import AlgorithmConfig, IBPOConfig, OptimConfig, RolloutConfig
     from ibpo_lit.module import IBPOModule
     from ibpo_lit.rollout.engine import SamplingConfig
@@ -262,7 +292,9 @@ def update_module(shape: str, group: UpdateGroup, lr: float = 1e-6):
         model=register(shape), dtype="float32", algorithm=AlgorithmConfig(ibpo=IBPOConfig(variant="none")),
         rollout=RolloutConfig(group_size=group.rows, micro_batch_size=group.micro_batch_size, seed=0,
                               sampling=SamplingConfig(max_new_tokens=group.response_tokens)),
-        optim=OptimConfig(lr=lr, warmup_ratio=0.0), gradient_checkpointing=True)
+        optim=OptimConfig(lr=lr, warmup_ratio=0.0, fused=settings["fused"]),
+        gradient_checkpointing=settings["gradient_checkpointing"], torch_compile=settings["torch_compile"],
+        logprob_chunk_tokens=settings["logprob_chunk_tokens"])
     module.settings_checked = True  # the driver plans each case itself; there is no data module
     return module
 
@@ -278,12 +310,14 @@ def trainer_for(args, max_steps: int, callbacks=()):
                      callbacks=list(callbacks))
 
 
-def run_update_shape(shape: str, groups: list[UpdateGroup], args, may_start, on_end) -> UpdateDriver:
-    """One fit of the shape's model through every group ``may_start`` lets run."""
+def run_update_shape(shape: str, groups: list[UpdateGroup], args, may_start, on_end, settings: Optional[dict] = None,
+                     driver_class: type = UpdateDriver) -> UpdateDriver:
+    """One fit of the shape's model through every group ``may_start`` lets run (``settings``:
+    `update_module`'s)."""
     from torch.utils.data import DataLoader
 
-    module = update_module(shape, groups[0])
-    driver = UpdateDriver(groups, may_start, on_end, on_gpu=args.device == "cuda")
+    module = update_module(shape, groups[0], settings=settings)
+    driver = driver_class(groups, may_start, on_end, on_gpu=args.device == "cuda")
     module.driver = driver
     total = sum(g.warmup + g.steps for g in groups)
     trainer = trainer_for(args, total)

@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
-from gpu_check_cases import UpdateGroup, gpu_memory, run_update_shape, run_whole_step, update_plan
+from gpu_check_cases import UpdateGroup, gpu_memory, measured_figures, run_update_shape, run_whole_step, update_plan
 
 GIB = 1024 ** 3
 REPO = Path(__file__).resolve().parent.parent
@@ -159,23 +159,8 @@ class Check:
               f"{m['trained_tokens_per_s']:.0f} trained tok/s{mfu}{memory}", flush=True)
 
     def _measured(self, group: UpdateGroup, figures: dict, model) -> dict:
-        seconds, tokens = figures["mean_step_s"], figures["trained_tokens_per_step"]
-        flops = 6 * figures["params"] * tokens  # recomputation not counted
-        # causal attention, forward and backward: 6 L^2 x (heads x head_dim) FLOPs a layer and row
-        attention = 6 * model.layers * model.q_width * group.rows * group.row_tokens ** 2
-        peak = self.env["peak_tflops"] * 1e12
-        memory = figures["memory"] or {}
         outside = (self.env.get("memory_at_start") or {}).get("outside_allocator_gib")
-        return {
-            "seconds_per_step": seconds, "step_s": figures["step_s"], "warmup_s": figures["warmup_s"],
-            "setup_s": figures["setup_s"], "trained_tokens_per_step": tokens,
-            "trained_tokens_per_s": tokens / seconds, "tflops": flops / seconds / 1e12,
-            "mfu": flops / seconds / peak, "attention_tflop_per_step": attention / 1e12,
-            "mfu_with_attention": (flops + attention) / seconds / peak,
-            "peak_allocated_gib": memory.get("peak_allocated_gib"), "peak_reserved_gib": memory.get("peak_reserved_gib"),
-            "device_gib": memory["peak_reserved_gib"] + outside if memory and outside is not None else None,
-            "warmup_memory": figures["warmup_memory"], "losses": figures["losses"], "grad_norms": figures["grad_norms"],
-        }
+        return measured_figures(group, figures, model, self.env["peak_tflops"], outside)
 
     def _predict(self, group: UpdateGroup, plan: dict) -> dict:
         """The calibrated plan's peak for ``group``, written to the JSON before the case may run."""

@@ -78,9 +78,10 @@ class FSDP2Plan:
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The model's blocks that must not be split (``_no_split_modules``: its decoder layers)."""
+    """The model's blocks that must not be split (``_no_split_modules``: its decoder layers),
+    before or after sharding (``fully_shard`` subclasses each: FSDPQwen3DecoderLayer)."""
     names = set(getattr(model, "_no_split_modules", None) or [])
-    return [m for m in model.modules() if type(m).__name__ in names]
+    return [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]
 
 
 def untied_embeddings(model: nn.Module) -> list[nn.Module]:
