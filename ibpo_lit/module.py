@@ -253,10 +253,10 @@ class IBPOModule(L.LightningModule):
         self.policy.train()  # from_pretrained returns eval mode; dropout is off either way (load_policy)
         if self.gradient_checkpointing:
             enable_activation_checkpointing(self.policy, {"use_reentrant": False})
-        if self.algorithm.needs_reference and self.lora is None:  # a KL in the loss or in the reward
-            # (With LoRA the reference is the base, adapters off: `PolicyUpdate.ref_logprobs`.)
         if self.torch_compile:  # after sharding and checkpointing: both stay outside the compiled layers
             compile_decoder_layers(self.policy)
+        if self.algorithm.needs_reference and self.lora is None:  # a KL in the loss or in the reward
+            # (With LoRA the reference is the base, adapters off: `PolicyUpdate.ref_logprobs`.)
             # Frozen copy of the initial policy; dropout is already off (see load_policy). A
             # sharded policy cannot be deep-copied: the reference is loaded and sharded the same way.
             if self._plan is not None:
