@@ -348,9 +348,9 @@ class RolloutConfig:
         max_staleness: Updates a rollout batch may lag the weights it trains: 0 = on-policy
             (generate, then update); 1 = one step off-policy: step t+1's rollouts (and their
             corrections) are generated with step t's weights while step t updates
-            (``training.off_policy``; needs ``backend: vllm_server``, rollout correction on, one
-            process; docs/rollouts.md). The data module then hands each step the next step's
-            prompts too (``data.steps_ahead``, linked).
+            (``training.off_policy``; needs ``backend: vllm_server`` and rollout correction on;
+            docs/rollouts.md). The data module then hands each step the next step's prompts too
+            (``data.steps_ahead``, linked).
     """
 
     group_size: int = 8

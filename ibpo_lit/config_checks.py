@@ -107,7 +107,7 @@ def single_process_callbacks_fit(callbacks: list[Any], processes: int) -> Option
 
 def off_policy_fits(max_staleness: int, backend: str, correction_on: bool, processes: Optional[int],
                     dynamic_sampling: bool, callbacks: list[Any],
-                    steps_ahead: Optional[int]) -> Optional[str]:
+                    steps_ahead: Optional[int], model_rewards: tuple[str, ...] = ()) -> Optional[str]:
     """One step off-policy generation's requirements (`ibpo_lit.training.off_policy` says why)."""
     if steps_ahead is not None and steps_ahead != max_staleness:
         return (f"data.steps_ahead={steps_ahead} but model.rollout.max_staleness={max_staleness}: the data module must "
@@ -122,9 +122,9 @@ def off_policy_fits(max_staleness: int, backend: str, correction_on: bool, proce
     if not correction_on:
         needs.append("model.rollout_correction on (its importance weights correct for the lagging engine; it is off "
                      "with enabled: false, rollout.old_logp: rollout, or rollout_is and rollout_rs both null)")
-    if processes is not None and processes > 1:
-        needs.append(f"one process (this run has {processes}: the producer thread's collectives are not separated "
-                     "from the update's)")
+    if processes is not None and processes > 1 and model_rewards:
+        needs.append(f"no reward scored by a model in the trainer ({', '.join(model_rewards)}) with {processes} "
+                     "processes (its sharded forwards would run on the update's process group at the same time)")
     if dynamic_sampling:
         needs.append("model.algorithm.dynamic_sampling off (its rounds decide after scoring whether to sample again)")
     lagging = [cb.every_n_steps for cb in callbacks if callable(getattr(cb, "sync_engine", None))
@@ -300,11 +300,14 @@ def read_checkpoint_error(ckpt_path: str, exc: BaseException) -> ConfigError:
 
 
 def _off_policy_problem(model: Any, datamodule: Any, trainer: Any, processes: Optional[int]) -> Optional[str]:
+    from ibpo_lit.rewards import model_scored_kind
+
     rollout = model.rollout_cfg
     return off_policy_fits(
         getattr(rollout, "max_staleness", 0), rollout.backend, model.updater.correction is not None, processes,
         model.group_filter is not None, list(trainer.callbacks),
-        getattr(datamodule, "steps_ahead", None) if datamodule is not None else None)
+        getattr(datamodule, "steps_ahead", None) if datamodule is not None else None,
+        tuple(spec.name for spec in getattr(model, "reward_specs", ()) if model_scored_kind(spec.name)))
 
 
 def _processes(trainer: Any) -> Optional[int]:

@@ -76,10 +76,12 @@ from ibpo_lit.training.metric_reductions import reduction_of
 from ibpo_lit.training.off_policy import (
     AheadOfUpdate,
     Produced,
+    check_ranks_agree,
     check_staleness,
     in_flight_from_state,
     in_flight_state,
     overlap_metrics,
+    producer_sync,
     staleness,
 )
 from ibpo_lit.training.optimizer import build_optimizer
@@ -299,13 +301,17 @@ class IBPOModule(L.LightningModule):
 
     def _build_engine(self) -> RolloutEngine:
         cfg = self.rollout_cfg
+        # max_staleness 1: the engine's waits run in the producer thread, beside the update's
+        # collectives: over a process group of their own (`producer_sync`, made here on every rank)
+        world = self._trainer.world_size if self._trainer is not None else 1
+        engine_sync = producer_sync(world) if cfg.max_staleness else None
         engine = build_engine(
             self.policy, self.tokenizer, cfg.sampling, cfg.backend, vllm=cfg.vllm, dtype=self.dtype_name,
             model_path=model_files(self.model_name),
             reshard_after_forward=self._plan.reshard_after_forward if self._plan is not None else True,
-            stop_strings=cfg.tools is not None,
+            stop_strings=cfg.tools is not None, sync=engine_sync,
         )
-        return with_tools(engine, self.tokenizer, cfg.tools, self.sync.any)
+        return with_tools(engine, self.tokenizer, cfg.tools, (engine_sync or self.sync).any)
 
     def setup(self, stage: str) -> None:
         # The cross-section checks (`ibpo_lit.config_checks`) for `Trainer.fit(module)` in Python,
@@ -377,6 +383,7 @@ class IBPOModule(L.LightningModule):
         try:
             scored = produced.scored
             lag = staleness(self.weights_version, scored.weights_version, self.rollout_cfg.num_mini_batches)
+            check_ranks_agree(self.sync.gather(lag), scored.step)  # (the default group: the main thread's)
             check_staleness(lag, self.rollout_cfg.max_staleness, scored.step)
             # 4-5. as on-policy (no dynamic sampling here: config_checks)
             step, metrics = scored, self._assemble(scored)
@@ -397,7 +404,8 @@ class IBPOModule(L.LightningModule):
 
     def _produce(self, prompts: list[Prompt], rollout_step: int) -> Produced:
         """Generate, score and correct one step's rollouts (in the producer thread, or on the main
-        thread at a fit's first step); issues no collective (one process: config_checks)."""
+        thread at a fit's first step); its collectives (the engine's) run over the engine's own
+        group (`producer_sync`), never the update's."""
         started = time.perf_counter()
         held = getattr(unwrap(self.engine), "weights_version", None)  # the engine's own record
         version = self.weights_version if held is None else held
@@ -661,8 +669,10 @@ class IBPOModule(L.LightningModule):
         }
         if self.group_filter is not None:  # rounds in progress (between two updates), each rank's
             checkpoint["ibpo_lit"]["dynamic_sampling_per_rank"] = self.sync.gather(self.group_filter.state_dict())
-        if self._in_flight is not None:  # max_staleness 1: its weights are gone, so it is saved, not regenerated
-            checkpoint["ibpo_lit"]["in_flight"] = in_flight_state(self._in_flight)
+        if self.rollout_cfg.max_staleness:  # its weights are gone, so it is saved, not regenerated; every rank's
+            per_rank = self.sync.gather(in_flight_state(self._in_flight) if self._in_flight is not None else None)
+            if any(state is not None for state in per_rank):
+                checkpoint["ibpo_lit"]["in_flight_per_rank"] = per_rank
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if self.lora is not None and not any(".lora_" in key for key in checkpoint.get("state_dict", {})):
@@ -676,7 +686,7 @@ class IBPOModule(L.LightningModule):
         self._reward_counts.update(state.get("reward_counts", {}))
         self.unscorable_streak.load_state_dict(state.get("unscorable_streak", {}))
         self._pending_rng_state = self._own_rng_state(state)
-        in_flight = state.get("in_flight")
+        in_flight = self._own_in_flight(state)
         keep = in_flight is not None and self.rollout_cfg.max_staleness
         self._in_flight = in_flight_from_state(in_flight) if keep else None
         if in_flight is not None and self._in_flight is None:
@@ -691,6 +701,19 @@ class IBPOModule(L.LightningModule):
                 rank_zero_warn(f"the checkpoint's dynamic-sampling rounds in progress belong to {len(rounds)} "
                                f"processes and this run has {world}: they are dropped (generated again).")
         self.configure_model()
+
+    def _own_in_flight(self, state: dict) -> Optional[dict]:
+        """This rank's saved batch in flight (max_staleness 1); none when the run's size changed
+        (each rank's prompts are its own: the step samples again)."""
+        per_rank = state.get("in_flight_per_rank")
+        if per_rank is None:  # a checkpoint from before per-rank batches: one process's
+            return state.get("in_flight") if self.global_rank == 0 else None
+        world = self._trainer.world_size if self._trainer is not None else 1
+        if len(per_rank) != world:
+            rank_zero_warn(f"the checkpoint holds the batches in flight of {len(per_rank)} processes and this run has "
+                           f"{world}: they are dropped and the step samples again")
+            return None
+        return per_rank[self.global_rank]
 
     def _own_rng_state(self, state: dict) -> Optional[dict]:
         """This rank's saved generators; none when the run's size changed (each rank's streams

@@ -70,3 +70,19 @@ def test_reduce_metrics_sums_maximises_and_averages_over_the_ranks_that_report()
     assert out["train/reward"] == 0.5
     assert out["train/entropy"] == 2.0  # a rank without a finite value does not count
     assert out["train/only_here"] == 5.0
+
+
+def test_the_off_policy_metrics_are_declared():
+    """What a ``max_staleness: 1`` step logs beyond the on-policy step's (its runs need the vLLM
+    server: tests/rollout/test_max_staleness.py checks them all declared on 2 processes)."""
+    from ibpo_lit.training.off_policy import Produced, overlap_metrics
+    from ibpo_lit.training.step_metrics import StepClock
+
+    clock = StepClock()
+    for mark in ("rollouts", "callbacks", "update", "ahead_wait"):
+        clock.mark(mark)
+    ahead = Produced(None, {}, {}, seconds={"generate": 1.0, "correct": 0.5}, started=clock.start,
+                     finished=clock.marks["ahead_wait"])
+    names = [*overlap_metrics(clock, ahead, 1.0), *(f"timing/{phase}_s" for phase in clock.seconds())]
+    assert undeclared(names) == []
+    assert reduction_of("rollout/staleness") == MAX and reduction_of("time/overlap_s") == MIN

@@ -29,7 +29,7 @@ import dataclasses
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 
 from ibpo_lit.registry import Registry
 
@@ -56,6 +56,8 @@ class EngineSettings:
         stop_strings: The engine will be asked for stop strings (``SamplingConfig.stop``, as
             tool-integrated rollouts do): vLLM then starts its detokenizer, which it skips
             otherwise.
+        sync: The collectives a ``vllm_server`` engine's waits agree over (None: the run's
+            default process group; ``training.off_policy.producer_sync`` under max_staleness 1).
     """
 
     vllm: Optional[VLLMConfig] = None
@@ -63,6 +65,7 @@ class EngineSettings:
     model_path: Optional[str] = None
     reshard_after_forward: bool = True
     stop_strings: bool = False
+    sync: Any = None
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,7 @@ ENGINES = Registry("rollout backend")
 
 def build_engine(policy, tokenizer, sampling: SamplingConfig, backend: str, *, vllm: Optional[VLLMConfig] = None,
                  dtype: str = "float32", model_path: Optional[str] = None,
-                 reshard_after_forward: bool = True, stop_strings: bool = False) -> RolloutEngine:
+                 reshard_after_forward: bool = True, stop_strings: bool = False, sync: Any = None) -> RolloutEngine:
     """The rollout engine of ``backend`` over ``policy`` (a Hugging Face causal LM, plain, LoRA or
     FSDP2-sharded), sampling with ``sampling`` by default.
 
@@ -96,7 +99,7 @@ def build_engine(policy, tokenizer, sampling: SamplingConfig, backend: str, *, v
     ``ValueError`` listing the valid names.
     """
     settings = EngineSettings(vllm=vllm, dtype=dtype, model_path=model_path,
-                              reshard_after_forward=reshard_after_forward, stop_strings=stop_strings)
+                              reshard_after_forward=reshard_after_forward, stop_strings=stop_strings, sync=sync)
     with plain_tensor_defaults():
         return ENGINES.get(backend).build(policy, tokenizer, sampling, settings)
 
@@ -203,7 +206,7 @@ def _vllm_server_engine(policy, tokenizer, sampling: SamplingConfig, settings: E
     dtype = getattr(torch, settings.dtype if config.dtype == "auto" else config.dtype)
     weight_bytes = sum(t.numel() for _, t in _unique_tensors(policy)) * dtype.itemsize
     engine = VLLMServerEngine(config.server, eos_token_ids(policy, tokenizer), tokenizer.pad_token_id, sampling,
-                              weights_dtype=dtype, weight_bytes=weight_bytes, policy=policy)
+                              weights_dtype=dtype, weight_bytes=weight_bytes, policy=policy, sync=settings.sync)
     return _first_sync(engine, policy, "the vLLM server")
 
 

@@ -26,11 +26,15 @@ class RankSync:
         world_size: Processes in the run.
         device: Where reduction tensors live (the rank's root device: NCCL reduces CUDA
             tensors, gloo CPU ones).
+        group: The process group of every rank the collectives run over (None: the default
+            one); a thread that communicates beside the main thread's collectives needs its own
+            (``training.off_policy.producer_sync``).
     """
 
-    def __init__(self, world_size: int = 1, device: torch.device | str = "cpu") -> None:
+    def __init__(self, world_size: int = 1, device: torch.device | str = "cpu", group: Any = None) -> None:
         self.world_size = int(world_size)
         self.device = torch.device(device)
+        self.group = group
 
     @staticmethod
     def from_trainer(trainer: Any) -> "RankSync":
@@ -47,7 +51,7 @@ class RankSync:
         if not self.active:
             return [float(v) for v in values]
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(tensor, op=getattr(torch.distributed.ReduceOp, op))
+        torch.distributed.all_reduce(tensor, op=getattr(torch.distributed.ReduceOp, op), group=self.group)
         return tensor.cpu().tolist()
 
     def max(self, value: int) -> int:
@@ -67,7 +71,7 @@ class RankSync:
         if not self.active:
             return [obj]
         out: list[Any] = [None] * self.world_size
-        torch.distributed.all_gather_object(out, obj)
+        torch.distributed.all_gather_object(out, obj, group=self.group)
         return out
 
     def reduce_metrics(self, metrics: dict[str, float], reduction: Callable[[str], Optional[str]]) -> dict[str, float]:

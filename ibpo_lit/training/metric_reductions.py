@@ -49,6 +49,12 @@ REDUCTIONS: dict[str, str] = {
     "rollout_corr/weight_mean": MEAN, "rollout_corr/weight_std": MEAN, "rollout_corr/truncated_frac": MEAN,
     "rollout_corr/rejected_frac": MEAN, "rollout_corr/rejected_seq_frac": MEAN, "rollout_corr/seq_kl_k1": MEAN,
     "rollout_corr/seq_kl_k3": MEAN, "rollout_corr/ratio_max": MAX, "rollout_corr/ratio_min": MIN,
+    # one step off-policy (`training/off_policy.py`): the lag is the same on every rank (asserted);
+    # when in the step each phase started and ended, the slowest rank's; the overlap, the rank
+    # that overlapped least (> 0: every rank did); the producer's and the rollouts' seconds
+    "rollout/staleness": MAX, "time/ahead_start": MAX, "time/ahead_end": MAX, "time/update_start": MAX,
+    "time/update_end": MAX, "time/overlap_s": MIN, "timing/rollouts_s": MAX, "timing/ahead_wait_s": MAX,
+    "timing/ahead_generate_s": MAX, "timing/ahead_correct_s": MAX,
     # tool-integrated rollouts: per rollout and per call on each rank's rows; a rank's tool time
     "rollout/tool_calls": MEAN, "rollout/tool_errors": MEAN, "rollout/tool_call_s": MEAN, "timing/tool_s": MAX,
 }

@@ -13,7 +13,10 @@ thread generating ahead) once its checkpoint holds step 2, then resumed to 3. Th
 exactly one update after the first, the next step's generation starts before the update ends
 (timestamps), the checkpoint holds the next step's finished batch, the resumed run trains on it
 (with the load switched off it samples again with newer weights and the test fails) and ends
-where the uninterrupted one does, bitwise. Skipped without vLLM.
+where the uninterrupted one does, bitwise. On 2 processes (FSDP2, the same server): a 3-step
+off-policy fit (its threads' collectives over a group of their own), the lag agreed and the
+overlap shown on every rank, every metric declared, each rank's batch in the checkpoint; and
+the same with ``max_staleness: 0``, unchanged. Skipped without vLLM.
 
 ``max_staleness: 0`` is the code path of before (``IBPOModule.training_step`` returns into
 ``_off_policy_step`` only when it is set): the existing fit, resume and equivalence tests cover it.
@@ -41,6 +44,7 @@ from ibpo_lit.training.off_policy import (
     AheadOfUpdate,
     Produced,
     StalenessError,
+    check_ranks_agree,
     check_staleness,
     in_flight_from_state,
     in_flight_state,
@@ -73,13 +77,16 @@ def _problem(**overrides):
     return off_policy_fits(**args)
 
 
-def test_off_policy_needs_a_server_correction_one_process_and_the_look_ahead():
+def test_off_policy_needs_a_server_correction_and_the_look_ahead():
     assert _problem() is None
     assert _problem(max_staleness=0, backend="hf", correction_on=False, processes=4, steps_ahead=0) is None
     assert "backend: vllm_server (got 'hf'" in _problem(backend="hf")
     assert "backend: vllm_server (got 'vllm'" in _problem(backend="vllm")
     assert "model.rollout_correction on" in _problem(correction_on=False)
-    assert "one process (this run has 2" in _problem(processes=2)
+    assert _problem(processes=2) is None  # the producer's collectives have a group of their own
+    assert "no reward scored by a model in the trainer (judge:x) with 2 processes" in _problem(
+        processes=2, model_rewards=("judge:x",))
+    assert _problem(model_rewards=("judge:x",)) is None  # one process: its forward beside the update
     assert "dynamic_sampling off" in _problem(dynamic_sampling=True)
     assert "every_n_steps: 1 (got 2" in _problem(callbacks=[_Sync(every_n_steps=2)])
     assert "data.steps_ahead=0 but model.rollout.max_staleness=1" in _problem(steps_ahead=0)
@@ -109,6 +116,9 @@ def test_staleness_counts_updates_and_is_asserted():
         check_staleness(2.0, max_staleness=1, step=3)
     with pytest.raises(StalenessError):
         check_staleness(0.5, max_staleness=0, step=0)
+    check_ranks_agree([1.0, 1.0], step=3)
+    with pytest.raises(StalenessError, match=r"lag by 1, 0 updates on ranks 0..1"):
+        check_ranks_agree([1.0, 0.0], step=3)
 
 
 def test_the_producer_thread_hands_back_its_result_or_its_error():
@@ -301,7 +311,7 @@ def _sigkilled_after(url, root, steps, kill_at):
 
 
 def _in_flight(ckpt):
-    return in_flight_from_state(torch.load(ckpt, weights_only=True)["ibpo_lit"]["in_flight"])
+    return in_flight_from_state(torch.load(ckpt, weights_only=True)["ibpo_lit"]["in_flight_per_rank"][0])
 
 
 @pytest.mark.slow
@@ -345,3 +355,56 @@ def test_one_step_off_policy_overlaps_lags_one_update_and_resumes_exactly(server
         assert torch.equal(last.scored.rollouts.response_ids, ahead.scored.rollouts.response_ids)
     else:
         assert last.scored.rollouts.response_ids.shape[0] == ahead.scored.rollouts.response_ids.shape[0]
+
+
+# ------------------------------------------------------------ on 2 processes, with a real server
+def _two_process_fit(url, root, max_staleness, steps):
+    """``python -m ibpo_lit fit`` on 2 CPU processes (FSDP2, gloo), sampling from ``url``; each
+    rank's `staleness_probe.StalenessProbe` record."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scale"))
+    from fit_runs import CORRECTIONS, callbacks, read_ranks, run_fit
+
+    probe = {"class_path": "staleness_probe.StalenessProbe", "init_args": {"out_dir": str(root / "ranks")}}
+    sync = {"class_path": "callbacks.VLLMWeightSync", "init_args": {"probe_tokens": 16, "probe_tolerance": 0.01}}
+    run_fit("tiny_vllm.yaml", root, "--trainer.max_steps", str(steps), "--trainer.devices", "2",
+            "--trainer.strategy", '{"class_path": "ibpo_lit.scale.FSDP2Strategy"}', "--trainer.logger", "false",
+            "--trainer.callbacks", callbacks(CORRECTIONS, sync, probe),
+            "--model.rollout.backend", "vllm_server", "--model.rollout.vllm.server.url", url,
+            "--model.rollout.max_staleness", str(max_staleness))
+    return read_ranks(root / "ranks", 2)
+
+
+@pytest.mark.slow
+def test_two_processes_generate_ahead_over_a_group_of_their_own(server, tmp_path):
+    """2 processes (FSDP2): the producer threads' collectives (the server's waits and deadlines)
+    run over a gloo group of their own beside the update's (`off_policy.producer_sync`; with the
+    default group instead, they interleave with FSDP2's: the run hangs, killed after 240 s,
+    2026-11-27, where it otherwise ends in about 70 s). Every step
+    trains on both ranks with one agreed lag (0 at the first step, then 1), the next step's
+    generation overlaps the update on every rank (``time/overlap_s``, the least over the ranks, > 0),
+    every metric is declared, and the checkpoint (FSDP2's folder; its ``meta.pt``) holds each rank's
+    own batch in flight. The same
+    2 processes with ``max_staleness: 0`` sample step 0 alike and train on-policy, nothing ahead."""
+    from ibpo_lit.training.metric_reductions import undeclared
+
+    ranks = _two_process_fit(server, tmp_path / "ahead", 1, 3)
+    for rank in ranks:
+        assert [(t["step"], t["sampled"], t["trainer"]) for t in rank["trained"]] == [(0, 0, 0), (1, 0, 1), (2, 1, 2)]
+        assert [m["rollout/staleness"] for m in rank["logged"]] == [0.0, 1.0, 1.0]
+        for m in rank["logged"]:  # the next step's generation starts before the update ends, on every rank
+            assert m["time/overlap_s"] > 0 and m["time/ahead_start"] < m["time/update_end"], m
+        assert undeclared(rank["logged"][-1]) == []
+        assert rank["in_flight"]["step"] == 3 and rank["in_flight"]["sampled"] == 2
+    assert ranks[0]["logged"] == ranks[1]["logged"]  # reduced over the ranks: one value each
+    assert set(ranks[0]["trained"][0]["uids"]).isdisjoint(ranks[1]["trained"][0]["uids"])  # each rank its prompts
+    saved = torch.load(tmp_path / "ahead" / "checkpoints" / "last.ckpt" / "meta.pt", weights_only=True)["ibpo_lit"]
+    per_rank = [in_flight_from_state(state) for state in saved["in_flight_per_rank"]]
+    assert [[p.uid for p in b.scored.prompts] for b in per_rank] == [r["in_flight"]["uids"] for r in ranks]
+
+    on_policy = _two_process_fit(server, tmp_path / "on_policy", 0, 2)
+    for rank, ahead in zip(on_policy, ranks):
+        assert [(t["step"], t["sampled"]) for t in rank["trained"]] == [(0, None), (1, None)]
+        assert rank["trained"][0]["texts"] == ahead["trained"][0]["texts"]  # version 0's weights, the same seeds
+        assert rank["in_flight"] is None and not any(k.startswith("time/") for k in rank["logged"][-1])
+    assert "in_flight_per_rank" not in torch.load(tmp_path / "on_policy" / "checkpoints" / "last.ckpt" / "meta.pt",
+                                                  weights_only=True)["ibpo_lit"]
