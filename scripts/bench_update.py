@@ -51,6 +51,8 @@ VARIANTS = {
     "compiled_micro_batch_1": ({"gradient_checkpointing": False, "logprob_chunk_tokens": None, "fused": True,
                                 "torch_compile": True}, 1),
     "checkpointing_micro_batch_4": ({"fused": True, "torch_compile": True}, 4),
+    "compiled_chunked_head": ({"gradient_checkpointing": False, "fused": True, "torch_compile": True}, None),
+    "compiled_checkpointing_whole_head": ({"logprob_chunk_tokens": None, "fused": True, "torch_compile": True}, None),
 }
 COMPILE_ALLOWANCE_S = 120.0
 """What a compiled variant's first steps may add (inductor on the GPU machine's 16 cores)."""
