@@ -16,12 +16,24 @@ A step's phases, and what lives on one GPU in each (``docs/scaling.md`` explains
   moments (`update_moments`): the backward (the decoder layers FSDP2 gathers: the current one,
   the prefetched next, the current one's full gradient before its reduce-scatter, or an untied
   LM head with its gradient, whichever is larger; the activations autograd keeps for the
-  longest micro-batch, `ModelShape.activation_bytes`; autocast's weight copies saved for
+  longest micro-batch, `ModelShape.activation_bytes` (packed, ``rollout.packing``: one
+  sequence of up to ``micro_batch_tokens`` real tokens, `RunShape.packed_tokens`; under SDPA or
+  eager its N x N attention tensors, `packed_attention_bytes`, below); autocast's weight copies saved for
   backward; the log-prob head's chunk of logits: 10 bytes a logit over the micro-batch's
   response positions, the only ones the head sees) or the optimizer step (foreach AdamW, torch's
   kernel for FSDP2's DTensor shards on a GPU, makes one float32 temporary the size of the shard;
   the fused kernel none). A vLLM engine that does not sleep keeps its share; one that sleeps
   keeps its CUDA-graph pool and NCCL buffers.
+
+Packed attention under SDPA / eager (measured with autograd's saved-tensor hooks on the CPU,
+transformers 5.x, tests/plan/test_packed_attention_memory.py): transformers builds one boolean
+N x N mask for the packed sequence (1 byte an entry); SDPA converts it to an additive mask in
+the compute dtype in every attention layer and saves that copy for backward (``c`` bytes an
+entry per layer); eager builds the additive mask once (``c`` bytes an entry) and saves the
+softmax's N x N output per head and layer. With gradient checkpointing one layer's
+saved tensors live at once (the mask is each layer's input). Flash-attention's varlen kernels
+hold nothing quadratic, flex attention a block mask of (N / 128)^2 entries (not counted). The
+padded path's masks (rows x L x L per layer where a micro-batch has padding) are not counted.
 
 Every phase adds ``overhead_gib`` (CUDA context, NCCL buffers, the allocator's slack). The
 constants no GPU has measured are `ibpo_lit.plan.constants`'; `ibpo_lit.plan.calibration` fits
@@ -42,6 +54,7 @@ from typing import Optional
 from ibpo_lit.plan import constants
 from ibpo_lit.plan.run import RunShape
 from ibpo_lit.plan.shapes import ModelShape
+from ibpo_lit.training.packing import attention_kind, packs_under
 
 GIB = 1024 ** 3
 ADAMW_STATES = 2
@@ -133,13 +146,36 @@ def gathered_units(model: ModelShape, run: RunShape) -> float:
     return model.embed_params * run.compute_bytes + max(layer, model.embed_params * 4)
 
 
+def packed(model: ModelShape, run: RunShape) -> bool:
+    """Whether the update's forwards are packed (``rollout.packing`` under the model's attention,
+    as ``training/packing.py`` decides it)."""
+    return packs_under(run.packing, attention_kind(model.attention))
+
+
+def packed_attention_bytes(model: ModelShape, run: RunShape, tokens: int) -> float:
+    """The N x N attention tensors a packed micro-batch of ``tokens`` (N) tokens keeps for
+    backward under SDPA or eager (see the module docstring); 0 unpacked, and under
+    flash-attention's varlen kernels or flex attention (its block mask is (N / 128)^2)."""
+    if not packed(model, run) or attention_kind(model.attention) != "dense":
+        return 0.0
+    c, square = run.compute_bytes, float(tokens) ** 2
+    kept = 1 if run.checkpointing else model.attention_layers  # layers whose saved tensors live at once
+    if model.attention == "eager":  # the float mask, and per layer the softmax's output, per head
+        return square * c * (1 + model.heads * kept)
+    return square * (1 + c * kept)  # SDPA: the bool mask, and per layer its float copy
+
+
 def backward_transients(model: ModelShape, run: RunShape, longest_row: int) -> dict[str, float]:
     """What the update's backward holds beside the trainer's state, for micro-batches of
-    ``micro_batch_size`` rows of ``longest_row`` tokens (fewer under ``micro_batch_tokens``)."""
+    ``micro_batch_size`` rows of ``longest_row`` tokens (fewer under ``micro_batch_tokens``;
+    packed, one sequence of up to ``RunShape.packed_tokens``)."""
     parts = {"gathered units": gathered_units(model, run)}
     rows = run.micro_batch_rows(longest_row)
-    tokens = rows * longest_row
+    tokens = run.packed_tokens(longest_row) if packed(model, run) else rows * longest_row
     parts["activations (longest micro-batch)"] = model.activation_bytes(tokens, run.compute_bytes, run.checkpointing)
+    mask = packed_attention_bytes(model, run, tokens)
+    if mask:
+        parts["attention masks (packed, N x N)"] = mask
     if not run.sharded and run.compute_bytes < run.param_bytes:  # see "Autocast copies" above
         layers = model.layer_params if run.checkpointing else model.params
         parts["autocast copies saved for backward"] = layers * run.compute_bytes

@@ -52,6 +52,7 @@ class RunShape:
     timeout_s: float  # trainer.strategy's timeout
     on_gpu: bool  # trainer.accelerator
     micro_batch_tokens: Optional[int] = None  # model.rollout.micro_batch_tokens
+    packing: str = "off"  # model.rollout.packing
 
     def micro_batch_rows(self, row_tokens: int) -> int:
         """Rows of ``row_tokens`` tokens in one micro-batch: ``micro_batch_size``, fewer under a
@@ -59,6 +60,14 @@ class RunShape:
         if self.micro_batch_tokens is None:
             return self.micro_batch_size
         return max(1, min(self.micro_batch_size, self.micro_batch_tokens // max(row_tokens, 1)))
+
+    def packed_tokens(self, longest_row: int) -> int:
+        """The longest packed micro-batch (``rollout.packing``): ``micro_batch_size`` rows of
+        ``longest_row`` tokens, or, under a budget of real tokens, the budget (shorter rows fill
+        it), and the longest row where it is over the budget (it runs alone)."""
+        rows = self.micro_batch_size * longest_row
+        budget = self.micro_batch_tokens if self.micro_batch_tokens is not None else rows
+        return max(longest_row, min(budget, rows))
 
     @classmethod
     def from_fit(cls, module: Any, datamodule: Any, trainer: Any) -> "RunShape":
@@ -90,6 +99,7 @@ class RunShape:
             max_new_tokens=rollout.sampling.max_new_tokens,
             micro_batch_size=rollout.micro_batch_size,
             micro_batch_tokens=rollout.micro_batch_tokens,
+            packing=getattr(rollout, "packing", "off"),
             extra_old_logp_forward=rollout.old_logp == "trainer" and rollout.num_mini_batches > 1,
             checkpointing=bool(module.gradient_checkpointing),
             logprob_chunk_tokens=module.logprob_chunk_tokens,

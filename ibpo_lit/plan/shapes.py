@@ -47,6 +47,12 @@ class ModelShape:
     qk_norm: bool  # RMSNorm on queries and keys (Qwen3): they keep float32 copies too
     vocab: int
     context: int | None
+    attention: str = "sdpa"  # config._attn_implementation; unset: transformers' default, SDPA
+
+    @property
+    def heads(self) -> int:
+        """Query heads."""
+        return self.q_width // max(self.head_dim, 1)
 
     @classmethod
     def from_config(cls, config: Any) -> "ModelShape":
@@ -97,6 +103,8 @@ class ModelShape:
             qk_norm=any(".q_norm." in name for name, _ in model.named_parameters()),
             vocab=text.vocab_size,
             context=context if isinstance(context, int) else None,
+            attention=getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", None)
+            or "sdpa",
         )
 
     def layer_activation_bytes(self, compute_bytes: int) -> float:

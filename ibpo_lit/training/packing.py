@@ -23,8 +23,9 @@ What is not covered:
       instead of each row's; on an H200 a packed SDPA forward + backward took twice the padded
       one, and flex attention's half (docs/benchmarks.md#packed-forwards). Memory too: on the
       CPU, SDPA's packed attention holds O(N^2) bytes while a layer runs (an 8k-token packed
-      row, tiny-wide model: about 320 MiB more than the padded forward), which the plan
-      (``python -m ibpo_lit plan``) does not count. Flash-attention's varlen path has not run
+      row, tiny-wide model: about 320 MiB more than the padded forward); the plan
+      (``python -m ibpo_lit plan``, ``plan/memory.py`` ``packed_attention_bytes``) counts the
+      N x N masks SDPA and eager keep for backward. Flash-attention's varlen path has not run
       (flash-attn is not installed on the machines tried).
     * Prompt sharing: each row forwards its own copy of its prompt (a group's G rows, G copies),
       where the shared-prompt path (``training/logprobs.py``) forwards it once.
@@ -83,17 +84,29 @@ def pack_rows(batch: RolloutBatch) -> Optional[PackedRows]:
     return PackedRows(input_ids, position_ids, predicting, batch.response_ids[response_mask].unsqueeze(0))
 
 
-def packing_attention(model: torch.nn.Module) -> Optional[str]:
+def attention_kind(implementation: Optional[str]) -> Optional[str]:
     """``"varlen"`` (flash-attention), ``"block"`` (flex attention's block mask), ``"dense"``
-    (SDPA, eager: an N x N mask) or None (attention that would cross packed rows) for
-    ``model``'s attention implementation."""
-    config = getattr(model, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    implementation = getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", None)
+    (SDPA, eager: an N x N mask) or None (attention that would cross packed rows) for an
+    attention implementation's name (``config._attn_implementation``)."""
     for kind, names in (("varlen", VARLEN_ATTENTION), ("block", BLOCK_ATTENTION), ("dense", DENSE_ATTENTION)):
         if implementation in names:
             return kind
     return None
+
+
+def packs_under(packing: str, kind: Optional[str]) -> bool:
+    """Whether ``rollout.packing`` packs under attention of ``kind`` (`attention_kind`): ``on``
+    under any kind that keeps rows apart, ``auto`` where the kernel skips the other rows."""
+    if packing == "auto":
+        return kind in ("varlen", "block")
+    return packing == "on" and kind is not None
+
+
+def packing_attention(model: torch.nn.Module) -> Optional[str]:
+    """`attention_kind` of ``model``'s attention implementation."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return attention_kind(getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", None))
 
 
 def packs(model: torch.nn.Module, packing: str) -> bool:
@@ -105,12 +118,10 @@ def packs(model: torch.nn.Module, packing: str) -> bool:
     if packing == "off":
         return False
     kind = packing_attention(model)
-    if packing == "auto":
-        return kind in ("varlen", "block")
-    if kind is None:
+    if packing == "on" and kind is None:
         config = getattr(model, "config", None)
         raise ValueError(
             "rollout.packing: on needs an attention implementation that keeps packed rows apart "
             f"({', '.join(VARLEN_ATTENTION + BLOCK_ATTENTION + DENSE_ATTENTION)}); this model's is "
             f"{getattr(config, '_attn_implementation', None)!r}. Set rollout.packing: off or auto.")
-    return True
+    return packs_under(packing, kind)
