@@ -609,7 +609,7 @@ class IBPOModule(L.LightningModule):
         ciw = self.ciw_scorer(
             self.policy, update.batch.to(self.device), rows=rows_with_advantage(update.advantages), step=self.rollout_step,
             temperature=self.rollout_cfg.sampling.temperature,
-            sync=self.sync if self.updater.uniform_forwards else None,
+            sync=self.sync if self.updater.uniform_forwards else None, packed=self.updater.packed,
         )
         update.token_weights = ciw.weights if update.token_weights is None else update.token_weights * ciw.weights
         self.step_stats.no_grad_tokens += int(ciw.metrics.get("ciw/forward_tokens", 0))

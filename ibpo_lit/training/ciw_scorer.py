@@ -17,7 +17,10 @@ What is covered:
       share a pass while ``tokens_per_pass`` allows (never splitting one response's copies).
       Sequences are right-padded: with a causal mask, padding after a position never reaches
       it, so no attention mask is needed and position ids are the plain ``0..L-1``. Only the
-      logits from the earliest answer position on are computed (``logits_to_keep``).
+      logits from the earliest answer position on are computed (``logits_to_keep``). Under
+      ``rollout.packing`` (``packed=True``) a pass's copies are laid end to end instead, no
+      padding, ``position_ids`` restarting per copy, only the answer positions to the head,
+      and ``tokens_per_pass`` counts real tokens.
     * ``CIWScorer``: layouts, cached drops and weights for a ``RolloutBatch``, with metrics.
       The cache is keyed by (prompt ids, content ids) and holds one policy version
       (``step``): a new step clears it, since drops depend on the weights. Identical
@@ -164,6 +167,7 @@ def span_drops_batched(
     temperature: float = 1.0,
     tokens_per_pass: int = 8192,
     sync=None,
+    packed: bool = False,
 ) -> tuple[list[list[float]], dict[str, int]]:
     """Answer log-prob drop of every span of every response, batched.
 
@@ -174,9 +178,13 @@ def span_drops_batched(
         layouts: [B] regions and spans (``algorithms.ciw.layout_response``).
         mask_id: the id written over masked span tokens.
         temperature: logits are divided by it (the sampled policy's log-probs).
-        tokens_per_pass: budget of sequences x padded length of one pass.
+        tokens_per_pass: budget of sequences x padded length of one pass (``packed``: of the
+            sum of their lengths).
         sync: a ``RankSync`` when forwards are collectives (FSDP2): every rank then runs as
             many passes as the busiest one.
+        packed: each pass's copies laid end to end in one sequence (`_packed_answer_logp`),
+            as ``rollout.packing`` packs the trainer's forwards; the caller decides
+            (``PolicyUpdate.packed``: the model's attention keeps packed rows apart).
 
     Returns:
         drops: [B] lists, ``drops[b][k]`` for ``layouts[b].spans[k]`` (empty without spans
@@ -190,14 +198,15 @@ def span_drops_batched(
 
     passes: list[list[int]] = []
     rows: list[int] = []
-    n_seqs = width = 0  # of the pass being filled
+    n_seqs = width = real = 0  # of the pass being filled
     for b in todo:
         n_copies, length = 1 + len(layouts[b].spans), len(prompts[b]) + layouts[b].length
-        if rows and (n_seqs + n_copies) * max(width, length) > tokens_per_pass:
+        cost = real + n_copies * length if packed else (n_seqs + n_copies) * max(width, length)
+        if rows and cost > tokens_per_pass:
             passes.append(rows)
-            rows, n_seqs, width = [], 0, 0
+            rows, n_seqs, width, real = [], 0, 0, 0
         rows.append(b)
-        n_seqs, width = n_seqs + n_copies, max(width, length)
+        n_seqs, width, real = n_seqs + n_copies, max(width, length), real + n_copies * length
     if rows:
         passes.append(rows)
 
@@ -210,10 +219,6 @@ def span_drops_batched(
             for copy in _copies(list(prompts[b]), list(contents[b][: layouts[b].length]), layouts[b], mask_id):
                 seqs.append(copy)
                 owner.append(b)
-        width = max(len(s) for s in seqs)
-        input_ids = torch.full((len(seqs), width), mask_id, dtype=torch.long)
-        for j, seq in enumerate(seqs):
-            input_ids[j, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         total_tokens += sum(len(s) for s in seqs)
 
         # Position p predicts token p + 1; response b's answer tokens sit at
@@ -224,13 +229,19 @@ def span_drops_batched(
             positions = range(p + layout.answer_start - 1, p + layout.length - 1)
             seq_idx.extend([j] * len(positions))
             pos_idx.extend(positions)
-        first = min(pos_idx)
-        keep = width - first
-        input_ids = input_ids.to(device)
-        logits = model(input_ids=input_ids, use_cache=False, logits_to_keep=keep).logits  # [N, keep, V]
         seq_t = torch.tensor(seq_idx, device=device)
-        pos_t = torch.tensor(pos_idx, device=device)
-        logp = token_logprobs(logits[seq_t, pos_t - first], input_ids[seq_t, pos_t + 1], temperature)  # [M]
+        if packed:
+            logp = _packed_answer_logp(model, seqs, seq_idx, pos_idx, temperature, device)
+        else:
+            width = max(len(s) for s in seqs)
+            input_ids = torch.full((len(seqs), width), mask_id, dtype=torch.long)
+            for j, seq in enumerate(seqs):
+                input_ids[j, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            first = min(pos_idx)
+            input_ids = input_ids.to(device)
+            logits = model(input_ids=input_ids, use_cache=False, logits_to_keep=width - first).logits  # [N, keep, V]
+            pos_t = torch.tensor(pos_idx, device=device)
+            logp = token_logprobs(logits[seq_t, pos_t - first], input_ids[seq_t, pos_t + 1], temperature)  # [M]
         answer_logp = torch.zeros(len(seqs), dtype=torch.float32, device=device).index_add_(0, seq_t, logp)
         answer_logp = answer_logp.cpu().tolist()
 
@@ -243,6 +254,23 @@ def span_drops_batched(
     for _ in range(padding):
         model(input_ids=torch.full((1, 1), mask_id, dtype=torch.long, device=device), use_cache=False, logits_to_keep=1)
     return drops, {"passes": len(passes), "tokens": total_tokens}
+
+
+def _packed_answer_logp(model: torch.nn.Module, seqs: list[list[int]], seq_idx: list[int], pos_idx: list[int],
+                        temperature: float, device) -> Tensor:
+    """[M] log-probs of the tokens at ``pos_idx + 1`` of ``seqs[seq_idx]``, from one forward of
+    ``seqs`` laid end to end ([1, N], no padding) with ``position_ids`` restarting at each: with
+    no attention mask and no cache, transformers keeps attention within each sequence (as for
+    ``training/packing.py``'s rows). Only the M predicting positions reach the LM head."""
+    starts = [0]
+    for seq in seqs[:-1]:
+        starts.append(starts[-1] + len(seq))
+    input_ids = torch.tensor([t for seq in seqs for t in seq], dtype=torch.long, device=device).unsqueeze(0)
+    position_ids = torch.cat([torch.arange(len(seq)) for seq in seqs]).unsqueeze(0).to(device)
+    predicting = torch.tensor([starts[j] + p for j, p in zip(seq_idx, pos_idx)], dtype=torch.long, device=device)
+    logits = model(input_ids=input_ids, position_ids=position_ids, attention_mask=None, use_cache=False,
+                   logits_to_keep=predicting).logits[0]  # [M, V]
+    return token_logprobs(logits, input_ids[0, predicting + 1], temperature)
 
 
 # ------------------------------------------------------------------ the scorer
@@ -285,6 +313,7 @@ class CIWScorer:
         step: int = 0,
         temperature: float = 1.0,
         sync=None,
+        packed: bool = False,
     ) -> CIWResult:
         """Weights [B, Lr] for ``batch`` under ``model``.
 
@@ -299,6 +328,8 @@ class CIWScorer:
             temperature: the sampling temperature (log-probs of the sampled policy).
             sync: a ``RankSync`` when the model's forwards are collectives (see
                 ``span_drops_batched``).
+            packed: each pass's copies packed into one sequence (``rollout.packing``, as
+                resolved for ``model``: ``span_drops_batched``).
         """
         start = time.perf_counter()
         cfg = self.cfg
@@ -338,6 +369,7 @@ class CIWScorer:
             temperature=temperature,
             tokens_per_pass=cfg.tokens_per_pass,
             sync=sync,
+            packed=packed,
         )
         for (key, (_, _, layout)), row_drops in zip(pending, drops):
             found[key] = (layout, row_drops)
