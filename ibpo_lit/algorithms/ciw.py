@@ -150,7 +150,7 @@ class CIWConfig:
         seed: Seed of the ``random`` ablation's draws (combined with the step). Unset:
             ``seed_everything``'s (0 without it; ``ibpo_lit.seeds``).
         tokens_per_pass: Token budget of one scoring forward pass (sequences x padded
-            length). Copies of several responses share a pass while they fit; all copies
+            length; under ``rollout.packing``, the sum of their lengths). Copies of several responses share a pass while they fit; all copies
             of one response are always in one pass, whatever the budget.
         cache_size: Responses whose drops are kept (keyed by prompt and response ids, for
             one policy version); 0 turns the cache off.
