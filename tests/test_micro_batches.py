@@ -5,8 +5,9 @@ model with the budget on against off: the same loss, gradients (one SGD step of 
 weights move by minus the gradient), metrics and log-probs to float tolerance, on rows of
 different lengths with IBPO's correction rows (longer prompts) and mask-shaping token weights,
 CIW-like token-weight spans, tool-masked tokens, a KL reference, a kept ``pi_old`` (two
-mini-batches) and the rollout correction's weights, for GSPO and GRPO. Two processes under
-FSDP2 (padding passes of one token): tests/scale/test_micro_batch_ranks.py.
+mini-batches) and the rollout correction's weights, for GSPO and GRPO. A padding pass (a rank
+that ran out of micro-batches), packed or not: one token, nothing trained, nothing counted.
+Two processes under FSDP2 (padding passes of one token): tests/scale/test_micro_batch_ranks.py.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ibpo_lit.config import AlgorithmConfig, IBPOConfig, OptimConfig, RolloutCon
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.models import build_tiny_model
 from ibpo_lit.rollout.batch import RolloutBatch
+from ibpo_lit.scale.collectives import RankSync
 from ibpo_lit.training.assemble import assemble_update
 from ibpo_lit.training.micro_batches import length_order, micro_batches, one_token_row
 from ibpo_lit.training.step_types import Corrections, ScoredRollouts, StepStats, UpdateBatch
@@ -264,3 +266,49 @@ def test_training_zero_advantage_rows_costs_forwards_and_changes_nothing(model):
     assert any(p.abs().max() > 0 for p in skip.values())
     for name in skip:
         assert _close(every[name], skip[name]), name
+
+
+class _BusierRank(RankSync):
+    """One process whose `max` answers as if another rank had ``extra`` micro-batches more: the
+    update then runs padding passes, as a rank that ran out does under DDP / FSDP2 (the real
+    two-process run: tests/scale/test_micro_batch_ranks.py)."""
+
+    def __init__(self, extra: int) -> None:
+        super().__init__()
+        self.extra = extra
+
+    def max(self, value: int) -> int:
+        return value + self.extra
+
+    def any(self, flag: bool) -> bool:
+        return bool(flag)
+
+
+@pytest.mark.parametrize("packing", ["off", "on"])
+def test_a_padding_pass_trains_nothing_and_costs_one_token(model, packing):
+    algorithm = AlgorithmConfig(ibpo=IBPOConfig(variant="mask"))
+    update = _update_batch(algorithm, model.config.vocab_size)
+    results = {}
+    for extra in (0, 2):
+        policy = copy.deepcopy(model)
+        before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+        stats = StepStats()
+        updater = PolicyUpdate(algorithm, RolloutConfig(micro_batch_size=3, packing=packing),
+                               OptimConfig(grad_clip=0.0), max_nonfinite_steps=5, logprob_chunk_tokens=None)
+        updater.bind(policy, None, UpdateRuntime(sync=_BusierRank(extra), step_stats=stats))
+        optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
+        shapes = []
+        hook = policy.register_forward_pre_hook(lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)),
+                                                with_kwargs=True)
+        updater.run(update, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0), step_index=0)
+        hook.remove()
+        results[extra] = ({n: p.detach() - before[n] for n, p in policy.named_parameters()}, shapes,
+                          stats.trained_tokens)
+    (plain, plain_shapes, plain_tokens), (padded, padded_shapes, padded_tokens) = results[0], results[2]
+    # two passes more, each of one prompt token and one response token (packed: the prompt
+    # token alone, as the response's last token is not forwarded)
+    assert padded_shapes[:len(plain_shapes)] == plain_shapes
+    assert padded_shapes[len(plain_shapes):] == [(1, 2) if packing == "off" else (1, 1)] * 2
+    # nothing trained by them, nothing counted: the same weights to the bit, the same tokens
+    assert any(p.abs().max() > 0 for p in plain.values())
+    assert all(torch.equal(padded[n], plain[n]) for n in plain) and padded_tokens == plain_tokens
