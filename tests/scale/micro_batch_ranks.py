@@ -9,8 +9,8 @@ each against the gradient of the plain model's loss over both ranks' rows in one
 the no-grad log-probs (pi_old, the reference) with the budget; and the update once more with
 the budget and ``rollout.packing: on`` (each micro-batch one packed row); and with
 ``rollout.balance_ranks`` (rows dealt anew by length: 4 and 4, so fewer lockstep passes), the
-gradient still the plain model's, packed or not, and over two mini-batches (two SGD steps)
-the weights those of the same run undealt. Each rank writes
+gradient still the plain model's, packed or not, and over two mini-batches (two SGD steps,
+pi_old kept, a KL term to a reference) the weights those of the same run undealt. Each rank writes
 ``OUT_DIR/rank<r>.json``."""
 import json
 import sys
@@ -51,13 +51,14 @@ def every_row(vocab: int) -> UpdateBatch:
     return UpdateBatch(batch=batch, advantages=torch.randn(n, generator=g), token_weights=weights)
 
 
-def updater(budget, model, sync=None, world=1, packing="off", balance=False, minis=1) -> PolicyUpdate:
+def updater(budget, model, sync=None, world=1, packing="off", balance=False, minis=1, ref=None) -> PolicyUpdate:
     rollout = RolloutConfig(micro_batch_size=3, micro_batch_tokens=budget, packing=packing, balance_ranks=balance,
                             num_mini_batches=minis)
-    update = PolicyUpdate(AlgorithmConfig(loss="gspo"), rollout,
+    algorithm = AlgorithmConfig(loss="gspo", beta_kl=0.05 if ref is not None else 0.0)
+    update = PolicyUpdate(algorithm, rollout,
                           OptimConfig(grad_clip=0.0), max_nonfinite_steps=5, logprob_chunk_tokens=None,
                           correction=CORRECTION)
-    update.bind(model, None, UpdateRuntime(sync=sync or RankSync(), world_size=world, step_stats=StepStats()))
+    update.bind(model, ref, UpdateRuntime(sync=sync or RankSync(), world_size=world, step_stats=StepStats()))
     return update
 
 
@@ -87,7 +88,9 @@ def main(out_dir: str) -> None:
         forwards = []
         hook = model.register_forward_pre_hook(lambda _m, _a, kw: forwards.append(list(kw["input_ids"].shape)),
                                                with_kwargs=True)
-        update = updater(budget, model, RankSync(world), world, packing, balance, minis)
+        # two mini-batches: pi_old kept, and a KL term to a reference (the initial weights)
+        ref = load_sharded_policy("tiny-qwen3", FSDP2Plan(mesh=mesh), seed=3)[0] if minis > 1 else None
+        update = updater(budget, model, RankSync(world), world, packing, balance, minis, ref)
         if label == "on":
             # pi_old / the reference: no-grad log-probs in lockstep passes, back in row order
             logp = update.logprobs_no_grad(model, local.batch)
