@@ -1,0 +1,85 @@
+"""scripts/bench_decode.py on the CPU with the tiny shape (fp32; the GPU machine runs the same code
+on Qwen3-0.6B in bf16): every arm generates batch x max_new_tokens tokens in every call (counted
+from what it returned), the HF engine's per-row seeds give the same tokens call after call, the
+compiled arm really compiles (once, in its warm-up) and its ratio to the HF engine is recorded, an
+arm that fails is recorded while the next runs, and a spent budget cuts the timed calls and skips
+the next arm. The compiled arm is in one test of its own: inductor takes tens of seconds here."""
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BATCH, NEW = 3, 5
+TINY = ["--device", "cpu", "--shape", "tiny", "--batch", str(BATCH), "--prompt-tokens", "6",
+        "--max-new-tokens", str(NEW), "--repeats", "2"]
+
+
+@pytest.fixture
+def bench(load_script, monkeypatch):
+    """The script as a module, its budget counted from now (``IBPO_T0``, not the pytest process's
+    start); afterwards the environment and any default process group are undone (stage 0 imports
+    Lightning, as bench_update's fixture explains), and dynamo's compiled graphs dropped."""
+    import os
+
+    import torch.distributed as dist
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    saved = dict(os.environ)
+    os.environ["IBPO_T0"] = str(time.time())
+    yield load_script("bench_decode")
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    if "torch._dynamo" in sys.modules:  # the compiled arm's graphs stay out of later tests
+        sys.modules["torch._dynamo"].reset()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def check_full(case: dict) -> None:
+    calls = case["warmup"] + len(case["seconds"])
+    assert case["tokens_per_call"] == [BATCH * NEW] * calls and case["all_calls_full"]
+    assert case["tokens_per_s"] == pytest.approx(BATCH * NEW / case["median_s"])
+
+
+def test_eager_arms_do_the_same_work_and_a_failing_arm_is_recorded(bench, tmp_path, monkeypatch):
+    def broken(model, prompts, args):
+        raise RuntimeError("out of memory (on purpose)")
+
+    monkeypatch.setitem(bench.ARMS, "broken", broken)
+    data = bench.main([*TINY, "--arms", "hf_engine", "broken", "transformers_dynamic", "--out-dir", str(tmp_path)])
+    assert data["complete"] and data["skipped"] == []
+    assert [c["name"] for c in data["cases"]] == ["hf_engine", "broken", "transformers_dynamic"]
+    assert data["failed"] == [{"name": "broken", "reason": "RuntimeError: out of memory (on purpose)"}]
+    cases = {c["name"]: c for c in data["cases"]}
+    engine, dynamic = cases["hf_engine"], cases["transformers_dynamic"]
+    for case in (engine, dynamic):
+        check_full(case)
+        assert case["compile_warmup"]["graphs"] == case["compile_timed"]["graphs"] == 0  # eager
+    assert len(set(engine["token_crcs"])) == 1  # per-row seeds: the same tokens every call
+    assert engine["per_row_seeds"] and engine["log_probs"] and not dynamic["per_row_seeds"]
+    assert engine["speed_vs_hf_engine"] == 1.0 and dynamic["speed_vs_hf_engine"] > 0
+    assert "hf_engine_over_static_compiled" not in data
+    assert data["work"]["expected_tokens_per_call"] == BATCH * NEW and data["device"] == "cpu"
+    assert data["git_commit"] and data["date"]
+    assert len(list(tmp_path.glob("cpu_*.json"))) == 1
+
+
+def test_the_static_compiled_arm_compiles_once_and_is_compared_with_the_engine(bench, tmp_path):
+    data = bench.main([*TINY, "--arms", "hf_engine", "transformers_static_compiled", "--out-dir", str(tmp_path)])
+    assert data["failed"] == [] and data["skipped"] == []
+    compiled = next(c for c in data["cases"] if c["name"] == "transformers_static_compiled")
+    check_full(compiled)
+    assert compiled["compiled_call"] and compiled["compile_config"]["compile_all_devices"]  # generate compiled
+    assert compiled["compile_warmup"]["graphs"] >= 1 and compiled["compile_timed"]["graphs"] == 0
+    assert data["hf_engine_over_static_compiled"] == pytest.approx(1 / compiled["speed_vs_hf_engine"])
+
+
+def test_a_spent_budget_cuts_the_timed_calls_and_skips_the_next_arm(bench, tmp_path):
+    data = bench.main([*TINY, "--arms", "hf_engine", "transformers_dynamic", "--budget-s", "0.001",
+                       "--out-dir", str(tmp_path)])
+    engine, dynamic = data["cases"]
+    assert engine["status"] == "ran" and len(engine["seconds"]) == 1 and engine["repeats_cut"].startswith("1 of 2")
+    check_full(engine)
+    assert dynamic["status"] == "skipped" and "left" in dynamic["reason"]
