@@ -21,9 +21,13 @@ What is covered:
       carries its own prompt), else the rows of one prompt (same rank, same ``group_index``),
       so the shared-prompt forward (``training/logprobs.py``) still forwards it once.
 
+The deal comes first in ``PolicyUpdate.run``: the no-grad forwards before the optimizer steps
+(pi_old with several mini-batches, the reference's log-probs, the mismatch probe) run on the
+dealt rows as well.
+
 What is not covered:
-    * The no-grad forwards before the update (pi_old with several mini-batches, the
-      reference's log-probs) run on each rank's own rows, before the deal.
+    * The forwards before the update (rollouts, rewards, corrections, CIW's scoring) run on
+      each rank's own rows: the deal is the update's.
     * Metrics averaged over ranks (``train/ratio_mean``, ``rollout/logprob_mismatch``) are
       means of per-rank means, so they move with the deal (the loss and gradient do not).
 """

@@ -162,6 +162,14 @@ class PolicyUpdate:
         batch = update.batch.to(device)
         advantages = update.advantages.to(device)
         token_weights = update.token_weights.to(device) if update.token_weights is not None else None
+        n = len(batch)
+        generator = torch.Generator().manual_seed(stream_seed(cfg.seed) * 7919 + step_index)  # (the module's: resolved)
+        order = torch.randperm(n, generator=generator) if cfg.num_mini_batches > 1 else torch.arange(n)
+        # tensor_split: exactly num_mini_batches optimizer steps on every rank, whatever its rows
+        # (torch.chunk may return fewer parts than asked for).
+        minis = [mini.to(device) for mini in order.tensor_split(cfg.num_mini_batches)]
+        if self.balances:  # each mini-batch's rows, over every rank, dealt anew by length
+            batch, advantages, token_weights, minis = self._deal_to_ranks(batch, advantages, token_weights, minis)
 
         # rollout/logprob_mismatch compares the engine with the trainer at the weights the engine
         # sampled with, so it is measured before the first optimizer step of this batch (after
@@ -178,16 +186,7 @@ class PolicyUpdate:
         # The reference never changes: its log-probs once per rollout batch, not per micro-batch.
         ref_logp = self.ref_logprobs(batch)
 
-        n = len(batch)
-        generator = torch.Generator().manual_seed(stream_seed(cfg.seed) * 7919 + step_index)  # (the module's: resolved)
-        order = torch.randperm(n, generator=generator) if cfg.num_mini_batches > 1 else torch.arange(n)
         totals: dict[str, float] = {}
-        # tensor_split: exactly num_mini_batches optimizer steps on every rank, whatever its rows
-        # (torch.chunk may return fewer parts than asked for).
-        minis = [mini.to(device) for mini in order.tensor_split(cfg.num_mini_batches)]
-        if self.balances:  # each mini-batch's rows, over every rank, dealt anew by length
-            batch, advantages, token_weights, old_logp, ref_logp, minis = self._deal_to_ranks(
-                batch, advantages, token_weights, old_logp, ref_logp, minis)
         for mini in minis:
             for key, value in self._mini_batch(batch, advantages, token_weights, old_logp, ref_logp, mini,
                                                optimizer, scheduler).items():
@@ -271,19 +270,20 @@ class PolicyUpdate:
         return out
 
     def _deal_to_ranks(self, batch: RolloutBatch, advantages: Tensor, token_weights: Optional[Tensor],
-                       old_logp: Optional[Tensor], ref_logp: Optional[Tensor], minis: list[Tensor]):
-        """Every rank's rows and their per-row tensors gathered (one collective; every rank then
-        holds the whole batch, token ids and per-token floats, no activations), and this rank's
-        share of each mini-batch: the union of the ranks' own mini-batches, dealt by
-        ``rank_balance.balanced_rows`` (rows of one prompt together unless packed). Every rank
-        computes the same deal. Returns the gathered tensors and this rank's mini-batches, as
-        indices into them: the loss's denominators (summed over ranks) are unchanged."""
+                       minis: list[Tensor]):
+        """This rank's rows after the deal: every rank's rows and their per-row tensors gathered
+        (one collective; every rank then briefly holds the whole batch, token ids and per-token
+        floats), and this rank's share of each mini-batch, the union of the ranks' own
+        mini-batches dealt by ``rank_balance.balanced_rows`` (rows of one prompt together unless
+        packed). Every rank computes the same deal. Returns (this rank's rows as a batch, their
+        advantages and token weights, its mini-batches as indices into them); the forwards
+        after it (pi_old, the reference, the update) run on these rows, and the loss's
+        denominators (summed over ranks) are unchanged."""
         sync, device, world = self.runtime.sync, self.runtime.device, self.runtime.world_size
         rank = torch.distributed.get_rank() if sync.active else 0
-        cpu = (lambda t: t.cpu() if t is not None else None)
         everyone = sync.gather({"batch": batch.to("cpu"), "advantages": advantages.cpu(),
-                                "token_weights": cpu(token_weights), "old_logp": cpu(old_logp),
-                                "ref_logp": cpu(ref_logp), "minis": [m.cpu() for m in minis]})
+                                "token_weights": token_weights.cpu() if token_weights is not None else None,
+                                "minis": [m.cpu() for m in minis]})
         sizes = [len(e["batch"]) for e in everyone]
         offsets = [sum(sizes[:r]) for r in range(len(sizes))]
         whole = RolloutBatch.concat([e["batch"] for e in everyone], pad_token_id=0)  # pads are masked
@@ -303,9 +303,12 @@ class PolicyUpdate:
         for index in range(len(minis)):
             rows = torch.cat([e["minis"][index] + offsets[r] for r, e in enumerate(everyone)])
             units = units_of(rows, source, whole.group_index, by_row=self.packed)
-            mine.append(balanced_rows(rows, lengths, units, world)[rank].to(device))
-        return (whole.to(device), joined("advantages"), joined("token_weights"), joined("old_logp"),
-                joined("ref_logp"), mine)
+            mine.append(balanced_rows(rows, lengths, units, world)[rank])
+        rows = torch.cat(mine)  # this rank's rows, mini-batch after mini-batch
+        local = torch.arange(len(rows), device=device).split([len(m) for m in mine])
+        weights = joined("token_weights")
+        return (whole.select(rows).to(device), joined("advantages")[rows.to(device)],
+                weights[rows.to(device)] if weights is not None else None, list(local))
 
     def _trained_rows(self, rows: Tensor, batch: RolloutBatch, advantages: Tensor) -> Tensor:
         """The rows of ``rows`` whose forward can change the loss, shortest first: the one rule

@@ -102,11 +102,11 @@ def main(out_dir: str) -> None:
         metrics = update.run(local, optimizer, scheduler, step_index=0)
         hook.remove()
         moved = moves[label] = {n: before[n] - full(p).detach() for n, p in model.named_parameters()}
+        out[f"{label}_forwards"] = forwards  # pi_old's, the reference's and the update's
         if minis > 1:  # two optimizer steps: the dealt run against the undealt one
             continue
         out[f"{label}_grad_max_diff"] = max(float((moved[n] - expected[n]).abs().max()) for n in expected)
         out[f"{label}_grad_max"] = max(float(g.abs().max()) for g in expected.values())
-        out[f"{label}_forwards"] = forwards
         out[f"{label}_loss"] = metrics["train/loss"]
     out["expected_loss"] = float(loss)
     out["minis_weight_diff"] = max(float((moves["minis"][n] - moves["minis_balanced"][n]).abs().max()) for n in expected)

@@ -41,6 +41,9 @@ def test_token_budget_on_two_ranks(tmp_path):
     assert len(ranks[0]["balanced_forwards"]) < len(on0)
     assert len(ranks[0]["balanced_packed_forwards"]) < len(packed0)
     assert sum(rows for rows, _ in ranks[1]["balanced_forwards"]) == 4  # rank 1 forwards 4 rows, no padding pass
+    # pi_old's no-grad passes run on the dealt rows too: 6 lockstep passes of the policy, not 9
+    assert len(ranks[0]["minis_balanced_forwards"]) == len(ranks[1]["minis_balanced_forwards"])
+    assert len(ranks[0]["minis_balanced_forwards"]) < len(ranks[0]["minis_forwards"])
     for rank in ranks:
         assert rank["minis_weight_moved"] > 0
         assert rank["minis_weight_diff"] <= 1e-4 * rank["minis_weight_moved"]
