@@ -19,8 +19,19 @@ def _quickstart(*keys):
             runs[0]["response_len"][0], runs[0]["response_len"][-1]]
 
 
+def _update_mfu(*variants):
+    """MFU in percent of scripts/bench_update.py's variants on the H200 (its first run's file)."""
+    import json
+
+    run = json.loads((REPO / "results/bench_update/NVIDIA_H200_2026-11-27.json").read_text())
+    cases = {c["name"]: c for c in run["cases"]}
+    return [100 * cases[v]["measured"]["mfu"] for v in variants]
+
+
 # README.md: the speed bullet, then the Results section
 README_QUOTES = [
+    Quote(README, "took Qwen3-1.7B's update at 8k-token rows from {}% to {}% MFU", lambda: _update_mfu("stage1", "compiled"),
+          "results/bench_update/NVIDIA_H200_2026-11-27.json"),
     Quote(README, "Decided on {} held-out problems x {} samples with three seeds fixed beforehand", lambda: _quickstart()[:2],
           "results/quickstart_learning/lr1e-5_guarded/summary.json", "Quick start"),
     Quote(README, "beat the untrained model's avg@4 of {} in every seed ({}, {} and {}), and each run kept at least "
