@@ -109,7 +109,8 @@ def main(out_dir: str) -> None:
         out[f"{label}_grad_max"] = max(float(g.abs().max()) for g in expected.values())
         out[f"{label}_loss"] = metrics["train/loss"]
     out["expected_loss"] = float(loss)
-    out["minis_weight_diff"] = max(float((moves["minis"][n] - moves["minis_balanced"][n]).abs().max()) for n in expected)
+    dealt, undealt = moves["minis_balanced"], moves["minis"]
+    out["minis_weight_diff"] = max(float((undealt[n] - dealt[n]).abs().max()) for n in expected)
     out["minis_weight_moved"] = max(float(moves["minis"][n].abs().max()) for n in expected)
 
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
