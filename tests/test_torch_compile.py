@@ -1,5 +1,6 @@
 """``model.torch_compile`` (ibpo_lit/models/compile.py): compiled decoder layers give the trainer's
-log-probs and gradients of the eager model, generation through them stays eager (no compilation,
+log-probs, entropies and gradients of the eager model (the log-prob head's reduction compiled
+too), generation through them stays eager (no compilation,
 the same tokens), and a model without decoder layers is refused. Inductor on the CPU, fp32, the
 tiny model: one compilation of one shape (~20 s on 2 cores)."""
 import copy
@@ -12,7 +13,8 @@ from ibpo_lit.models import build_tiny_model, build_tiny_tokenizer
 from ibpo_lit.models.compile import compile_decoder_layers, is_compiled
 from ibpo_lit.module import IBPOModule
 from ibpo_lit.rollout import HFRolloutEngine, SamplingConfig
-from ibpo_lit.training.logprobs import _per_row_logprobs
+from ibpo_lit.training import logprobs as logprobs_module
+from ibpo_lit.training.logprobs import response_logprobs_and_entropy
 
 EOS = 2
 
@@ -29,16 +31,22 @@ def generate(model):
 
 
 def logp_and_grads(model, batch):
+    """The trainer's path: one pass per row, the head in chunks of 8 positions (checkpointed),
+    log-probs with the entropy's gradient."""
     model.train()
     model.zero_grad(set_to_none=True)
-    logp = _per_row_logprobs(model, batch, 0.8)
+    logp, entropy = response_logprobs_and_entropy(model, batch, 0.8, entropy_grad=True, single_pass=True,
+                                                  chunk_tokens=8)
     weights = torch.linspace(0.5, 1.5, logp.numel()).view_as(logp)
-    ((logp * weights * batch.response_mask).sum()).backward()
-    return logp.detach(), [p.grad.clone() for p in model.parameters()]
+    ((logp * weights + 0.1 * entropy) * batch.response_mask).sum().backward()
+    return torch.stack([logp, entropy]).detach(), [p.grad.clone() for p in model.parameters()]
 
 
-def test_compiled_layers_train_like_eager_and_generate_eagerly():
+def test_compiled_layers_train_like_eager_and_generate_eagerly(monkeypatch):
     torch._dynamo.reset()
+    head_calls = []
+    compiled_reduce = logprobs_module._compiled_reduce
+    monkeypatch.setattr(logprobs_module, "_compiled_reduce", lambda *a: head_calls.append(1) or compiled_reduce(*a))
     eager_model = build_tiny_model(seed=0)
     compiled = copy.deepcopy(eager_model)
     assert compile_decoder_layers(compiled) == eager_model.config.num_hidden_layers
@@ -52,9 +60,12 @@ def test_compiled_layers_train_like_eager_and_generate_eagerly():
 
     logp, grads = logp_and_grads(compiled, batch)
     assert counters["frames"]["ok"] > before, "the trainer's forward did not run the compiled layers"
+    assert head_calls, "the head's reduction was not the compiled one"
+    calls = len(head_calls)
     ref_logp, ref_grads = logp_and_grads(eager_model, batch)
+    assert len(head_calls) == calls  # the eager model's head stays eager
     mask = batch.response_mask.bool()
-    assert (logp - ref_logp)[mask].abs().max() < 1e-5
+    assert (logp - ref_logp)[:, mask].abs().max() < 1e-5
     for got, want in zip(grads, ref_grads):
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-6)
 

@@ -64,6 +64,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache
 
 from ibpo_lit.algorithms.logprobs import token_entropy, token_logprobs
+from ibpo_lit.models.compile import is_compiled
 from ibpo_lit.models.hf_compat import cache_kwargs, is_activation_checkpointing, output_cache
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.training.packing import pack_rows, packs
@@ -77,26 +78,37 @@ weight again); sets how finely rows are split by response length (see ``_length_
 LOGIT_TRANSFORM_FIELDS = ("final_logit_softcapping", "logit_softcapping", "logit_scale", "logits_scaling")
 
 
+def _reduce(logits: Tensor, targets: Tensor, temperature: float, entropy: Optional[str]) -> Tensor:
+    logp = token_logprobs(logits, targets, temperature)
+    if not entropy:
+        return logp
+    if entropy == "grad":
+        return torch.stack([logp, token_entropy(logits, temperature)], dim=-1)
+    with torch.no_grad():
+        values = token_entropy(logits.detach(), temperature)
+    return torch.stack([logp, values], dim=-1)
+
+
+# model.torch_compile: the same reduction fused by inductor (the float32 upcast, the gather and
+# the log-sum-exp in one pass over the [N, V] logits instead of a float32 copy of them first).
+_compiled_reduce = torch.compile(_reduce)
+
+
 class _Stats:
     """What the forward reduces each position's logits [..., V] to: the chosen token's log-prob
-    [...] alone, or with the distribution's entropy, stacked [..., 2]."""
+    [...] alone, or with the distribution's entropy, stacked [..., 2]; ``compiled``: through
+    ``torch.compile`` (the policy's layers are compiled: ``model.torch_compile``)."""
 
-    def __init__(self, temperature: float, entropy: Optional[str] = None) -> None:
+    def __init__(self, temperature: float, entropy: Optional[str] = None, compiled: bool = False) -> None:
         self.temperature, self.entropy = temperature, entropy  # entropy: None, "value" or "grad"
+        self.compiled = compiled
 
     @property
     def trailing(self) -> tuple[int, ...]:
         return (2,) if self.entropy else ()
 
     def __call__(self, logits: Tensor, targets: Tensor) -> Tensor:
-        logp = token_logprobs(logits, targets, self.temperature)
-        if not self.entropy:
-            return logp
-        if self.entropy == "grad":
-            return torch.stack([logp, token_entropy(logits, self.temperature)], dim=-1)
-        with torch.no_grad():
-            entropy = token_entropy(logits.detach(), self.temperature)
-        return torch.stack([logp, entropy], dim=-1)
+        return (_compiled_reduce if self.compiled else _reduce)(logits, targets, self.temperature, self.entropy)
 
 
 def response_logprobs_and_entropy(
@@ -144,6 +156,7 @@ def response_logprobs(
 
 def _response_stats(model, batch: RolloutBatch, stats: _Stats, single_pass: bool, chunk_tokens: Optional[int],
                     packing: str = "off") -> Tensor:
+    stats.compiled = is_compiled(model)  # the head's reduction compiled with the layers
     if packs(model, packing):
         packed = pack_rows(batch)
         if packed is not None:
