@@ -142,12 +142,12 @@ class IBPOModule(L.LightningModule):
             sandbox cannot run); such steps have no gradient. A step with any scorable response
             resets the count; IBPO's corrections do not count (``training.unscorable``).
         gradient_checkpointing: Recompute activations in the backward pass to save memory.
-        lora: Train low-rank adapters instead of every weight (``peft``; TRL's ``peft_config``,
-            verl's ``lora_rank``): only the adapters are trained, stepped and checkpointed; the
         torch_compile: ``torch.compile`` each decoder layer for the trainer's forwards (regional
             compilation; TRL's ``torch_compile``, verl's ``use_torch_compile``): the first steps
             pay the compilation, generation stays eager. Whether it pays depends on the device:
             docs/benchmarks.md (``scripts/bench_update.py``).
+        lora: Train low-rank adapters instead of every weight (``peft``; TRL's ``peft_config``,
+            verl's ``lora_rank``): only the adapters are trained, stepped and checkpointed; the
             KL reference is the base with the adapters off; the vLLM sync sends the merged
             weights. Unset = full fine-tuning. Not with FSDP2.
         logprob_chunk_tokens: The trainer's forward applies the LM head to at most this many
@@ -171,9 +171,9 @@ class IBPOModule(L.LightningModule):
         max_nonfinite_steps: int = 5,
         max_unscorable_steps: int = 3,
         gradient_checkpointing: bool = False,
+        torch_compile: bool = False,
         logprob_chunk_tokens: Optional[int] = 4096,
         lora: Optional[LoRAConfig] = None,
-        torch_compile: bool = False,
         rollout_correction: RolloutCorrectionConfig = RolloutCorrectionConfig(),  # noqa: B008
     ) -> None:
         super().__init__()
@@ -211,9 +211,9 @@ class IBPOModule(L.LightningModule):
         # Stops a run whose reward scores nothing (raises, hangs, ...) instead of training on no gradient.
         self.unscorable_streak = UnscorableStreak(max_unscorable_steps, [s.name for s in self.reward_specs])
         self.gradient_checkpointing = gradient_checkpointing
+        self.torch_compile = torch_compile
         if logprob_chunk_tokens is not None and logprob_chunk_tokens < 1:
             raise ValueError(f"logprob_chunk_tokens must be >= 1 or unset, got {logprob_chunk_tokens}")
-        self.torch_compile = torch_compile
         self.logprob_chunk_tokens = logprob_chunk_tokens
         self.lora = lora
         # A LoRA checkpoint holds the adapters only; the base comes from `model` at load time.
