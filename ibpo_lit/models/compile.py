@@ -4,10 +4,11 @@ What is covered:
     * Regional compilation (torchtitan's and transformers' recipe for training): each decoder
       layer's ``forward`` is compiled, not the whole model. The layers are instances of one
       class running the same code, so inductor compiles one graph (per grad mode and shape
-      family) and every layer reuses it; the model's glue (embedding, rotary table, the chunked
-      log-prob head) and FSDP2's hooks stay eager, around the compiled region, so sharding,
-      activation checkpointing (transformers wraps the layer's ``__call__``, outside
-      ``forward``) and the head's chunking behave as without compilation.
+      family) and every layer reuses it; the model's glue (embedding, rotary table, the head's
+      matmul and its chunking) and FSDP2's hooks stay eager, around the compiled region, so
+      sharding and activation checkpointing (transformers wraps the layer's ``__call__``,
+      outside ``forward``) behave as without compilation. The log-prob head's reduction of the
+      logits (``ibpo_lit/training/logprobs.py``) is compiled too when `is_compiled` says so.
     * Shapes: the first row length compiles a static graph, the second distinct one recompiles
       with dynamic lengths (dynamo's automatic dynamic shapes), after which lengths no longer
       recompile; the first steps pay the compilation (tens of seconds on a GPU, ~20 s a graph
