@@ -152,8 +152,10 @@ def test_gpu_check_refuses_a_machine_without_cuda(tmp_path):
 
 @pytest.mark.slow
 def test_the_session_script_writes_the_check_under_out(tmp_path):
-    """scripts/gpu_session.sh, the GPU session's one command, on the CPU (no wheels here)."""
-    env = {**os.environ, "OUT": str(tmp_path), "IBPO_BUDGET_S": "1", "OMP_NUM_THREADS": "1"}
+    """scripts/gpu_session.sh, the GPU session's one command, on the CPU (no wheels: the GPU
+    machine's, built for its Python, may lie in this checkout's .whl/)."""
+    env = {**os.environ, "OUT": str(tmp_path), "IBPO_BUDGET_S": "1", "OMP_NUM_THREADS": "1",
+           "IBPO_WHEELS": str(tmp_path / "no_wheels")}
     done = subprocess.run(["bash", "scripts/gpu_session.sh", *TINY[:11], "--predict"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
