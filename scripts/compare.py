@@ -7,7 +7,8 @@ with a group 4x smaller.
 Arms (``ibpo_lit/experiments/arms.py``, ``ARM_FAMILIES``), all at ``--small-group`` but the first:
 - baselines: ``gspo_large_group`` (4x group), ``ibpo_plain``, ``ibpo_ratio``, ``ibpo_mask``;
 - ablations (IBPO Table 3): ``k1`` (no counterfactual partner), ``shaping_only``;
-- lambda sweep (Table 4): ``lambda_0.2`` ... ``lambda_1.0``; alpha sweep (Table 5):
+- lambda sweep (Table 4): ``lambda_0.2`` ... ``lambda_1.0``, and ``lambda_0`` (corrections made and
+  trained, no shaping; results/lambda_shaping/PROTOCOL.md); alpha sweep (Table 5):
   ``alpha_0.5``, ``alpha_0.6``, ``alpha_0.7``, ``alpha_adaptive``;
 - CIW: ``dapo``, ``dapo_ciw``, ``gspo``, ``gspo_ciw``, ``ibpo_mask_ciw``, ``gspo_ciw_inverted``.
 Run an arm with its gradient-variance baseline (``gspo_large_group`` for IBPO arms, ``gspo`` or
@@ -15,7 +16,10 @@ Run an arm with its gradient-variance baseline (``gspo_large_group`` for IBPO ar
 at one budget. ``scripts/report.py`` gathers finished comparisons into the papers' tables.
 
 Every arm runs each seed until the same compute budget (estimated FLOPs, generation and
-corrections included, or measured device-seconds); all arms see the same problems. A
+corrections included, or measured device-seconds), or, with ``--max-steps``, for the same number
+of steps (the base config's learning-rate schedule kept). The seed is ``seed_everything``: every
+arm at one seed draws the same training problems, and seeds differ in them unless the base config
+pins ``data.arithmetic.seed`` / ``data.seed`` (each summary records its ``problem_seed``); the held-out problems are the same for every seed and arm. A
 held-out validation set is scored before training (step 0) and every ``--val-every`` steps.
 Writes, under ``--out``: ``summary.json`` (one small summary per run, kept so the report can
 be rebuilt with ``--report-only``), ``compare.md`` (means and 95% t-intervals across seeds)
@@ -51,6 +55,7 @@ from ibpo_lit.experiments.report import gradient_variance_ratio, markdown_table,
 from ibpo_lit.experiments.runs import read_scalars, summarize_run
 from ibpo_lit.experiments.summary_store import load_summaries, record_summary
 from ibpo_lit.file_lock import claim, exclusive_lock
+from ibpo_lit.seeds import stream_seed
 from ibpo_lit.experiments.tables import GRAD_VAR_BASELINES
 
 
@@ -63,6 +68,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--small-group", type=int, default=8, help="G of the IBPO arms (GSPO gets 4x)")
     p.add_argument("--budget-flops", type=float, default=None, help="estimated FLOPs per run")
     p.add_argument("--budget-seconds", type=float, default=None, help="device-seconds per run")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="step-matched runs: each stops after this many steps, the base's lr schedule kept")
+    p.add_argument("--grad-var-every", type=int, default=2,
+                   help="steps between gradient-variance measurements (0: none; they cost extra backward passes)")
     p.add_argument("--val-size", type=int, default=16)
     p.add_argument("--val-every", type=int, default=4)
     p.add_argument("--val-samples", type=int, default=2)
@@ -76,9 +85,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts-per-step", type=int, default=None, help="override data.prompts_per_step")
     p.add_argument("--out", default="results/compare")
     p.add_argument("--report-only", action="store_true", help="rebuild compare.md/png from summary.json")
+    p.add_argument("--contrast", nargs=2, action="append", default=[], metavar=("ARM", "REFERENCE"),
+                   help="report ARM - REFERENCE paired by seed (repeatable); default: each arm against its "
+                        "gradient-variance baseline (gspo_large_group for IBPO arms)")
     args = p.parse_args(argv)
-    if not args.report_only and args.budget_flops is None and args.budget_seconds is None:
-        p.error("give --budget-flops or --budget-seconds: the arms are matched on compute")
+    if not args.report_only and args.budget_flops is None and args.budget_seconds is None and args.max_steps is None:
+        p.error("give --budget-flops, --budget-seconds or --max-steps: the arms are matched on compute or steps")
     return args
 
 
@@ -158,6 +170,7 @@ def train_and_evaluate(base: dict, arm: str, seed: int, settings: ArmSettings, a
     run([sys.executable, "-m", "ibpo_lit", "fit", "--config", cfg_path], os.path.join(root, "log.txt"))
     summary = summarize_run(root, arm, seed, baseline_val=baseline)
     summary["wall_seconds"] = time.time() - start
+    summary["problem_seed"] = problem_seed(cfg)
     if held_out:
         summary.update(evaluate_final_checkpoint(cfg, root, seed, args, held_out))
         untrained = untrained_evaluation(base, settings, args, held_out)
@@ -167,6 +180,13 @@ def train_and_evaluate(base: dict, arm: str, seed: int, settings: ArmSettings, a
     print(f"[compare] {arm} seed {seed}: {summary['steps']} steps, final reward "
           f"{summary['final_reward']}, final val {summary['final_val']}", flush=True)
     return summaries
+
+
+def problem_seed(cfg: dict) -> int:
+    """The seed of the run's training problem stream: ``data.arithmetic.seed`` when the config
+    sets it, else ``seed_everything``'s (the data module's rule, `ibpo_lit.seeds.stream_seed`)."""
+    arithmetic = (cfg.get("data") or {}).get("arithmetic") or {}
+    return stream_seed(arithmetic.get("seed"), run=cfg["seed_everything"])
 
 
 def main(argv=None) -> None:
@@ -183,6 +203,7 @@ def main(argv=None) -> None:
         settings = ArmSettings(
             small_group=args.small_group, budget_flops=args.budget_flops, budget_device_seconds=args.budget_seconds,
             val_size=args.val_size, val_every=args.val_every, val_samples=args.val_samples,
+            grad_var_every=args.grad_var_every, max_steps=args.max_steps,
         )
         held_out = None
         if args.final_eval:
@@ -220,8 +241,9 @@ def main(argv=None) -> None:
     table = markdown_table(summaries)
     lines = [table, ""]
     arms = sorted({s["arm"] for s in summaries})
-    for arm in arms:
-        baseline = GRAD_VAR_BASELINES.get(arm)
+    # Each arm against its gradient-variance baseline, or the contrasts named with --contrast.
+    contrasts = [tuple(c) for c in args.contrast] if args.contrast else [(a, GRAD_VAR_BASELINES.get(a)) for a in arms]
+    for arm, baseline in contrasts:
         diff = paired_difference(summaries, arm, baseline) if baseline else None
         if diff:
             mean, low, high, seeds = diff
@@ -235,9 +257,12 @@ def main(argv=None) -> None:
         line = final_eval_line(summaries, arm, baseline)
         if line:
             lines.append(line)
-        line = final_eval_seeds_line(summaries, arm)
-        if line:
-            lines.append(line)
+        if not args.contrast:
+            line = final_eval_seeds_line(summaries, arm)
+            if line:
+                lines.append(line)
+    if args.contrast:
+        lines += [line for arm in arms if (line := final_eval_seeds_line(summaries, arm))]
     report = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "compare.md"), "w") as f:
         f.write(report)

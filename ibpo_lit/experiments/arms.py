@@ -9,6 +9,8 @@ Families (``ARM_FAMILIES``), after the IBPO and CIW papers' tables:
 - ablations (IBPO's Table 3): ``k1`` (no counterfactual partner: the policy revises its wrong
   answer alone) and ``shaping_only`` (corrections shape rewards but are not trained);
 - ``lambda_*`` (Table 4) and ``alpha_*`` (Table 5): IBPO plain with one setting changed;
+  ``lambda_0`` (not in the paper's table) keeps the corrections and trains on them but shapes
+  nothing: against ``lambda_0.6`` only the shaping differs (results/lambda_shaping/PROTOCOL.md);
 - CIW (METHOD section 8): DAPO and GSPO with and without CIW, IBPO-mask + CIW, inverted weights.
 Every arm but ``gspo_large_group`` runs at the small group. ``lambda_0.6`` and ``alpha_0.6``
 set the paper's values explicitly, so they equal ``ibpo_plain`` on a base that already has
@@ -31,8 +33,18 @@ class ArmSettings:
     val_size: int = 16
     val_every: int = 4  # rollout steps between validations
     val_samples: int = 2
-    grad_var_every: int = 2
+    grad_var_every: int = 2  # 0: no gradient-variance logger (its extra backward passes cost wall time)
     grad_var_filter: str = r"layers\.(0|15|29)\."
+    # Step-matched runs: every arm stops after this many steps and keeps the base config's
+    # learning-rate schedule (the budget, if any, still stops a run early). None: the budget ends
+    # the run and the learning rate is constant (arms take different numbers of steps).
+    max_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"ArmSettings.max_steps must be >= 1 or None, got {self.max_steps}")
+        if self.grad_var_every < 0:
+            raise ValueError(f"ArmSettings.grad_var_every must be >= 0 (0: off), got {self.grad_var_every}")
 
 
 def _callbacks(cfg: dict) -> list:
@@ -122,7 +134,10 @@ def _ciw_arm(base: str, mode: str | None) -> Callable[[dict, ArmSettings], dict]
     return arm
 
 
-LAMBDAS = (0.2, 0.4, 0.6, 0.8, 1.0)  # lambda * beta = 0.5 * lambda stays < 1 (METHOD section 5)
+# lambda * beta = 0.5 * lambda stays < 1 (METHOD section 5). 0 (arm ``lambda_0``): corrections are
+# still made and trained on (the corrector and the correction samples' advantages never read
+# lambda), their Delta is computed and multiplied by 0, so only the shaping is switched off.
+LAMBDAS = (0, 0.2, 0.4, 0.6, 0.8, 1.0)
 ALPHAS = (0.5, 0.6, 0.7, "adaptive")
 
 ARM_FAMILIES: dict[str, dict[str, Callable[[dict, ArmSettings], dict]]] = {
@@ -167,7 +182,11 @@ ARMS: dict[str, Callable[[dict, ArmSettings], dict]] = {
 
 def build_arm_config(base: dict, arm: str, seed: int, settings: ArmSettings, root_dir: str) -> dict:
     """The full config of one run: ``arm`` applied to ``base``, for ``seed``, writing under
-    ``root_dir``. Seeds change sampling and initial randomness, never the problems."""
+    ``root_dir``. The seed is ``seed_everything`` and the rollout seed: sampling, the order of the
+    training problems (the arithmetic stream and a file's shuffle follow ``seed_everything``
+    unless the base pins ``data.arithmetic.seed`` / ``data.seed``) and a model built in code. So
+    every arm at one seed sees the same problem stream and seeds differ in it; the held-out
+    problems (validation, ``--final-eval``) are the same for every seed (`data.arithmetic.held_out`)."""
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; valid: {', '.join(sorted(ARMS))}")
     cfg = ARMS[arm](copy.deepcopy(base), settings)
@@ -177,34 +196,36 @@ def build_arm_config(base: dict, arm: str, seed: int, settings: ArmSettings, roo
     trainer.update(
         {
             "default_root_dir": root_dir,
-            "max_steps": 100_000,  # the compute budget ends the run
+            "max_steps": settings.max_steps or 100_000,  # unset: the compute budget ends the run
             "enable_progress_bar": False,
             "val_check_interval": settings.val_every,
             "check_val_every_n_epoch": None,
             "num_sanity_val_steps": 0,
         }
     )
-    # Arms take different numbers of steps for the same compute, so no schedule can be the
-    # same for all: a constant learning rate keeps them comparable.
-    _set(cfg, "model.optim.warmup_ratio", 0.0)
-    _set(cfg, "model.optim.min_lr_ratio", 1.0)
+    if settings.max_steps is None:
+        # Arms take different numbers of steps for the same compute, so no schedule can be the
+        # same for all: a constant learning rate keeps them comparable.
+        _set(cfg, "model.optim.warmup_ratio", 0.0)
+        _set(cfg, "model.optim.min_lr_ratio", 1.0)
     budget = {}
     if settings.budget_flops is not None:
         budget["max_flops"] = settings.budget_flops
     if settings.budget_device_seconds is not None:
         budget["max_device_seconds"] = settings.budget_device_seconds
-    if not budget:
-        raise ValueError("a compute-matched comparison needs a budget: flops or device seconds")
+    if not budget and settings.max_steps is None:
+        raise ValueError("a comparison needs a budget (flops or device seconds) or max_steps")
     callbacks = [cb for cb in _callbacks(cfg) if cb.get("class_path") not in (
         "callbacks.ComputeBudgetStopper", "callbacks.GradientVarianceLogger")]
-    callbacks.append({"class_path": "callbacks.ComputeBudgetStopper", "init_args": budget})
-    callbacks.append(
-        {
-            "class_path": "callbacks.GradientVarianceLogger",
-            "init_args": {"every_n_steps": settings.grad_var_every, "num_splits": 4,
-                          "param_filter": settings.grad_var_filter, "seed": seed},
-        }
-    )
+    callbacks.append({"class_path": "callbacks.ComputeBudgetStopper", "init_args": budget})  # logs compute too
+    if settings.grad_var_every:
+        callbacks.append(
+            {
+                "class_path": "callbacks.GradientVarianceLogger",
+                "init_args": {"every_n_steps": settings.grad_var_every, "num_splits": 4,
+                              "param_filter": settings.grad_var_filter, "seed": seed},
+            }
+        )
     trainer["callbacks"] = callbacks
     if "logger" in trainer:
         trainer["logger"] = with_tensorboard(trainer["logger"], root_dir)

@@ -46,7 +46,7 @@ def test_every_arm_shares_budget_seed_validation_and_constant_lr():
 def test_budget_and_arm_name_are_checked():
     with pytest.raises(ValueError, match="budget"):
         build_arm_config(BASE, "ibpo_plain", 0, ArmSettings(), "/tmp/x")
-    with pytest.raises(ValueError, match="valid: alpha_0.5, .*dapo, dapo_ciw, gspo, gspo_ciw, .*ibpo_plain, ibpo_ratio, k1, lambda_0.2"):
+    with pytest.raises(ValueError, match="valid: alpha_0.5, .*dapo, dapo_ciw, gspo, gspo_ciw, .*ibpo_plain, ibpo_ratio, k1, lambda_0, lambda_0.2"):
         build_arm_config(BASE, "ibpo_sometimes", 0, SETTINGS, "/tmp/x")
 
 
@@ -134,7 +134,7 @@ def test_arm_families_partition_the_arms():
     names = [name for family in ARM_FAMILIES.values() for name in family]
     assert len(names) == len(set(names)) == len(ARMS)
     assert list(ARM_FAMILIES["ablations"]) == ["k1", "shaping_only"]
-    assert list(ARM_FAMILIES["lambda"]) == ["lambda_0.2", "lambda_0.4", "lambda_0.6", "lambda_0.8", "lambda_1.0"]
+    assert list(ARM_FAMILIES["lambda"]) == ["lambda_0", "lambda_0.2", "lambda_0.4", "lambda_0.6", "lambda_0.8", "lambda_1.0"]
     assert list(ARM_FAMILIES["alpha"]) == ["alpha_0.5", "alpha_0.6", "alpha_0.7", "alpha_adaptive"]
 
 
