@@ -66,9 +66,11 @@ class StepWallClock(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         now = time.time()
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        # the weight sync logs straight to the loggers, not to callback_metrics: read the callback's
+        sync = next((cb for cb in trainer.callbacks if callable(getattr(cb, "sync_engine", None))), None)
         record = {"step": trainer.global_step - 1, "start": self.step_start, "end": now,
                   "wall_s": now - (self.last_end if self.last_end is not None else self.step_start),
-                  "metrics": metrics}
+                  "sync_s": sync.last_seconds if sync is not None else None, "metrics": metrics}
         self.last_end = now
         if trainer.global_rank == 0:
             with open(self.path, "a") as f:
@@ -150,7 +152,9 @@ def _step_rows(path: Path) -> list[dict]:
             "correct_s": m.get("timing/ahead_correct_s" if off else "timing/correct_s"),
             "update_s": m.get("timing/update_s"), "step_s": m.get("timing/step_s"),
             "ahead_wait_s": m.get("timing/ahead_wait_s"), "rollouts_s": m.get("timing/rollouts_s"),
-            "sync_s": m.get("rollout/sync_s"), "staleness": m.get("rollout/staleness"),
+            "sync_s": record.get("sync_s"), "staleness": m.get("rollout/staleness"),
+            # outside training_step: the weight sync, its probe, a checkpoint, Lightning's loop
+            "outside_step_s": record["wall_s"] - m["timing/step_s"] if "timing/step_s" in m else None,
             **{k: v for k, v in m.items() if k.startswith("time/")},
             "reward": m.get("train/reward"), "response_len": m.get("train/response_len"),
         })
@@ -163,7 +167,8 @@ def _median(rows: list[dict], key: str) -> float | None:
 
 
 def _summary_of(rows: list[dict]) -> dict:
-    keys = ("wall_s", "generate_s", "correct_s", "update_s", "ahead_wait_s", "sync_s", "time/overlap_s")
+    keys = ("wall_s", "step_s", "generate_s", "correct_s", "update_s", "ahead_wait_s", "sync_s", "outside_step_s",
+            "time/overlap_s")
     return {"steps": len(rows), "median": {k: _median(rows, k) for k in keys},
             "median_after_first": {k: _median(rows[1:], k) for k in keys},
             "total_wall_s": sum(r["wall_s"] for r in rows),
@@ -178,7 +183,9 @@ def _device() -> dict:
 
 def _commit() -> str:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
-    return head.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "ibpo_lit", "callbacks", "scripts/bench_off_policy.py"],
+                           cwd=REPO, capture_output=True, text=True).stdout
+    return head.strip() + (" (+ uncommitted changes)" if dirty.strip() else "")
 
 
 def _markdown(summary: dict) -> str:
@@ -222,6 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
     started = datetime.datetime.now(datetime.timezone.utc)
+    commit = _commit()  # at the start: others may commit while the arms run
     process, url = _start_server(out)
     arms = {}
     try:
@@ -236,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     sync, off = arms["sync"], arms["off_policy"]
     after = (sync["median_after_first"]["wall_s"], off["median_after_first"]["wall_s"])
     summary = {
-        "date": started.strftime("%Y-%m-%d %H:%M UTC"), "commit": _commit(), "device": _device(),
+        "date": started.strftime("%Y-%m-%d %H:%M UTC"), "commit": commit, "device": _device(),
         "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()],
         "config": str(CONFIG.relative_to(REPO)), "model": MODEL, "steps": args.max_steps, "seed": args.seed,
         "command": " ".join([sys.executable, *sys.argv]), "arms": arms,
