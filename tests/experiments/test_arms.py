@@ -134,7 +134,8 @@ def test_arm_families_partition_the_arms():
     names = [name for family in ARM_FAMILIES.values() for name in family]
     assert len(names) == len(set(names)) == len(ARMS)
     assert list(ARM_FAMILIES["ablations"]) == ["k1", "shaping_only"]
-    assert list(ARM_FAMILIES["lambda"]) == ["lambda_0", "lambda_0.2", "lambda_0.4", "lambda_0.6", "lambda_0.8", "lambda_1.0"]
+    assert list(ARM_FAMILIES["lambda"]) == [
+        "lambda_0", "lambda_0.2", "lambda_0.4", "lambda_0.6", "lambda_0.8", "lambda_1.0"]
     assert list(ARM_FAMILIES["alpha"]) == ["alpha_0.5", "alpha_0.6", "alpha_0.7", "alpha_adaptive"]
 
 

@@ -122,7 +122,7 @@ def test_markdown_marks_few_seeds_and_lists_arms_not_run():
 def test_a_table_without_runs_is_one_line_with_the_command_to_run():
     table = table_markdown(SPECS["lambda"], [run("ibpo_plain", 0)])
     assert table.splitlines()[-1] == (
-        "*Not run yet:* `python scripts/compare.py --arms gspo_large_group lambda_0.2 lambda_0.4 lambda_0.6 "
+        "*Not run yet:* `python scripts/compare.py --arms gspo_large_group lambda_0 lambda_0.2 lambda_0.4 lambda_0.6 "
         "lambda_0.8 lambda_1.0 --budget-flops ... --out results/compare_lambda`"
     )
 
