@@ -203,7 +203,9 @@ def test_a_fit_whose_server_stalls_stops_named_and_resumes_from_its_last_checkpo
     args = ["--config", TINY_VLLM, "--trainer.max_steps", "2", "--trainer.default_root_dir", str(tmp_path),
             "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
             "--model.rollout.backend", "vllm_server", "--model.rollout.vllm.server.url", url,
-            "--model.rollout.vllm.server.generate_timeout_s", "5", "--model.rollout.vllm.server.sync_timeout_s", "5"]
+            # 30 s, not less: a busy 2-core machine (CI beside other work) once took over 5 s for
+            # step 0's generate, so the healthy step timed out before the stall it is about
+            "--model.rollout.vllm.server.generate_timeout_s", "30", "--model.rollout.vllm.server.sync_timeout_s", "30"]
 
     class Stop(L.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
