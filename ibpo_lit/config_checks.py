@@ -300,14 +300,12 @@ def read_checkpoint_error(ckpt_path: str, exc: BaseException) -> ConfigError:
 
 
 def _off_policy_problem(model: Any, datamodule: Any, trainer: Any, processes: Optional[int]) -> Optional[str]:
-    from ibpo_lit.rewards import model_scored_kind
-
     rollout = model.rollout_cfg
     return off_policy_fits(
         getattr(rollout, "max_staleness", 0), rollout.backend, model.updater.correction is not None, processes,
         model.group_filter is not None, list(trainer.callbacks),
         getattr(datamodule, "steps_ahead", None) if datamodule is not None else None,
-        tuple(spec.name for spec in getattr(model, "reward_specs", ()) if model_scored_kind(spec.name)))
+        tuple(getattr(model, "model_scored_rewards", ())))
 
 
 def _processes(trainer: Any) -> Optional[int]:

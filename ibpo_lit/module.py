@@ -281,6 +281,12 @@ class IBPOModule(L.LightningModule):
         return RankSync.from_trainer(self._trainer)
 
     @property
+    def model_scored_rewards(self) -> tuple[str, ...]:
+        """The rewards a model scores in the trainer's process (``reward_model:``, ``judge:``), by
+        name (config_checks reads them here: it may not import ``rewards/``)."""
+        return tuple(spec.name for spec in self.reward_specs if model_scored_kind(spec.name))
+
+    @property
     def context_limit(self) -> Optional[int]:
         """Longest prompt + response the policy and the rollout engine take (None: unknown)."""
         positions = getattr(getattr(self.policy, "config", None), "max_position_embeddings", None)

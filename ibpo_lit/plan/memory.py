@@ -54,7 +54,7 @@ from typing import Optional
 from ibpo_lit.plan import constants
 from ibpo_lit.plan.run import RunShape
 from ibpo_lit.plan.shapes import ModelShape
-from ibpo_lit.training.packing import attention_kind, packs_under
+from ibpo_lit.models.attention import attention_kind, packs_under
 
 GIB = 1024 ** 3
 ADAMW_STATES = 2

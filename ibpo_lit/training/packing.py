@@ -40,12 +40,15 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ibpo_lit.models.attention import (  # noqa: F401  (re-exported: the rule's home is models/, which plan/ may import)
+    BLOCK_ATTENTION,
+    DENSE_ATTENTION,
+    VARLEN_ATTENTION,
+    attention_kind,
+    packs_under,
+)
 from ibpo_lit.rollout.batch import RolloutBatch
 
-# Attention implementations that transformers keeps within each packed row (see above).
-VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
-BLOCK_ATTENTION = ("flex_attention",)
-DENSE_ATTENTION = ("sdpa", "eager")
 PACKING_MODES = ("off", "on", "auto")
 
 
@@ -82,24 +85,6 @@ def pack_rows(batch: RolloutBatch) -> Optional[PackedRows]:
     # Column Lp - 1 + t (the last prompt token, then response token t - 1) predicts response token t.
     predicting = flat_index[:, lp - 1: lp - 1 + response_mask.shape[1]][response_mask]
     return PackedRows(input_ids, position_ids, predicting, batch.response_ids[response_mask].unsqueeze(0))
-
-
-def attention_kind(implementation: Optional[str]) -> Optional[str]:
-    """``"varlen"`` (flash-attention), ``"block"`` (flex attention's block mask), ``"dense"``
-    (SDPA, eager: an N x N mask) or None (attention that would cross packed rows) for an
-    attention implementation's name (``config._attn_implementation``)."""
-    for kind, names in (("varlen", VARLEN_ATTENTION), ("block", BLOCK_ATTENTION), ("dense", DENSE_ATTENTION)):
-        if implementation in names:
-            return kind
-    return None
-
-
-def packs_under(packing: str, kind: Optional[str]) -> bool:
-    """Whether ``rollout.packing`` packs under attention of ``kind`` (`attention_kind`): ``on``
-    under any kind that keeps rows apart, ``auto`` where the kernel skips the other rows."""
-    if packing == "auto":
-        return kind in ("varlen", "block")
-    return packing == "on" and kind is not None
 
 
 def packing_attention(model: torch.nn.Module) -> Optional[str]:
