@@ -50,7 +50,6 @@ import time
 T_SCRIPT = time.time()
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import gc  # noqa: E402
 import re  # noqa: E402
 import statistics  # noqa: E402
@@ -180,21 +179,14 @@ def nonzero(counts: dict[str, int]) -> str:
 
 
 def main(argv=None) -> dict:
-    from gpu_check import commit, stage0, timed_imports
+    from gpu_check import bench_record
 
     args = parse_args(argv)
-    budget = Budget(args.budget_s)
-    imports = timed_imports(require_cuda=args.device == "cuda")
-    env = stage0(args, budget, imports)
-    date = datetime.datetime.now(datetime.timezone.utc)
-    out = args.out_dir / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', env['device'])}_{date:%Y-%m-%d}.json"
-    record = Record(out, {"schema": 1, **commit(), "device": env["device"], "date": date.isoformat(timespec="seconds"),
-                          "argv": sys.argv[1:] if argv is None else list(argv), "budget_s": args.budget_s,
-                          "work": {"shape": args.shape, "batch": args.batch, "prompt_tokens": args.prompt_tokens,
-                                   "max_new_tokens": args.max_new_tokens, "dtype": args.dtype,
-                                   "temperature": 1.0, "expected_tokens_per_call": args.batch * args.max_new_tokens},
-                          "stage0": env})
-    record.write()
+    work = {"shape": args.shape, "batch": args.batch, "prompt_tokens": args.prompt_tokens,
+            "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "temperature": 1.0,
+            "expected_tokens_per_call": args.batch * args.max_new_tokens}
+    budget, env, record = bench_record(args, argv, {"work": work})
+    out = record.path
     model, prompts = build(args)
     print(f"bench_decode: {env['device']}, {args.shape} ({args.dtype}), {args.batch} rows x {args.prompt_tokens} "
           f"prompt + {args.max_new_tokens} new tokens, writing {out}", flush=True)

@@ -26,7 +26,6 @@ import time
 T_SCRIPT = time.time()
 
 import argparse  # noqa: E402
-import datetime  # noqa: E402
 import gc  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
@@ -129,20 +128,12 @@ def profiling_driver():
 
 
 def main(argv=None) -> dict:
-    from gpu_check import commit, stage0, timed_imports
+    from gpu_check import bench_record
 
     args = parse_args(argv)
-    budget = Budget(args.budget_s)
-    imports = timed_imports(require_cuda=args.device == "cuda")
-    env = stage0(args, budget, imports)
-    date = datetime.datetime.now(datetime.timezone.utc)
-    out = args.out_dir / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', env['device'])}_{date:%Y-%m-%d}.json"
-    record = Record(out, {"schema": 1, **commit(), "device": env["device"], "date": date.isoformat(timespec="seconds"),
-                          "argv": sys.argv[1:] if argv is None else list(argv), "budget_s": args.budget_s,
-                          "variants_defined": {k: {"settings": v[0], "micro_batch_size": v[1] or args.micro_batch_size}
-                                               for k, v in VARIANTS.items()},
-                          "stage0": env})
-    record.write()
+    defined = {k: {"settings": v[0], "micro_batch_size": v[1] or args.micro_batch_size} for k, v in VARIANTS.items()}
+    budget, env, record = bench_record(args, argv, {"variants_defined": defined})
+    out = record.path
     print(f"bench_update: {env['device']}, {args.shape} x {args.rows} rows of {args.row_tokens} tokens, "
           f"matmul {env['matmul_tflops']:.3g} TFLOP/s, writing {out}", flush=True)
     slowest = {"step_s": None}

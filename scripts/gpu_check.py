@@ -235,6 +235,21 @@ def commit() -> dict:
     return {"git_commit": os.environ.get("IBPO_COMMIT", "unknown"), "git_dirty": None}
 
 
+def bench_record(args, argv, extra: dict) -> tuple[Budget, dict, Record]:
+    """A GPU benchmark's start (scripts/bench_update.py, bench_decode.py): its budget, stage 0's
+    environment and its JSON record under ``args.out_dir`` (<device>_<date>.json), headed as this
+    check's is, with ``extra`` added to the header, written once."""
+    budget = Budget(args.budget_s)
+    env = stage0(args, budget, timed_imports(require_cuda=args.device == "cuda"))
+    date = datetime.datetime.now(datetime.timezone.utc)
+    out = args.out_dir / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', env['device'])}_{date:%Y-%m-%d}.json"
+    record = Record(out, {"schema": 1, **commit(), "device": env["device"], "date": date.isoformat(timespec="seconds"),
+                          "argv": sys.argv[1:] if argv is None else list(argv), "budget_s": args.budget_s,
+                          **extra, "stage0": env})
+    record.write()
+    return budget, env, record
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     budget = Budget(args.budget_s)
