@@ -369,7 +369,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--protocol", default=str(PROTOCOL), help="the committed protocol (YAML)")
     parser.add_argument("--out", default=None, help=f"default {OUT} ({OUT}/quick with --quick)")
-    parser.add_argument("--shard", default="0/1", help="i/n: run the seeds with index % n == i")
+    parser.add_argument("--shard", default="0/1", help="i/n: run the seeds with index %% n == i")
     parser.add_argument("--report", action="store_true", help="only write report.md and results.json")
     parser.add_argument("--quick", action="store_true", help=f"a smoke run: the first {QUICK_SEEDS} seeds")
     parser.add_argument("--threads", type=int, default=1)
