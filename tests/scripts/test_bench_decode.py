@@ -66,8 +66,23 @@ def test_eager_arms_do_the_same_work_and_a_failing_arm_is_recorded(bench, tmp_pa
     assert len(list(tmp_path.glob("cpu_*.json"))) == 1
 
 
+# transformers' compiled static-cache decode on this CPU (inductor's C++ kernels, fp32) now and
+# then samples from NaN probabilities in one process of many: 1 failing run of 25 under pytest with
+# a warm inductor cache, 1 of 8 with a fresh one, once in the CI check of def721b; 0 in 300 calls
+# within one process and 0 in ~35 processes run outside pytest. It is that library's CPU path, not
+# the bench's code (the arm's failure is recorded as such, as the first test checks), and the
+# bench's subject is the GPU. So one rerun on exactly that failure, and only that one.
+NAN_SAMPLING = "probability tensor contains either `inf`, `nan` or element < 0"
+
+
 def test_the_static_compiled_arm_compiles_once_and_is_compared_with_the_engine(bench, tmp_path):
-    data = bench.main([*TINY, "--arms", "hf_engine", "transformers_static_compiled", "--out-dir", str(tmp_path)])
+    argv = [*TINY, "--arms", "hf_engine", "transformers_static_compiled"]
+    data = bench.main([*argv, "--out-dir", str(tmp_path / "first")])
+    if [f["reason"] for f in data["failed"]] == [f"RuntimeError: {NAN_SAMPLING}"]:
+        import torch._dynamo
+
+        torch._dynamo.reset()  # else the rerun reuses the first run's graph and its warm-up compiles none
+        data = bench.main([*argv, "--out-dir", str(tmp_path / "rerun")])
     assert data["failed"] == [] and data["skipped"] == []
     compiled = next(c for c in data["cases"] if c["name"] == "transformers_static_compiled")
     check_full(compiled)
