@@ -18,7 +18,8 @@ A step's phases, and what lives on one GPU in each (``docs/scaling.md`` explains
   LM head with its gradient, whichever is larger; the activations autograd keeps for the
   longest micro-batch, `ModelShape.activation_bytes` (packed, ``rollout.packing``: one
   sequence of up to ``micro_batch_tokens`` real tokens, `RunShape.packed_tokens`; under SDPA or
-  eager its N x N attention tensors, `packed_attention_bytes`, below); autocast's weight copies saved for
+  eager its N x N attention tensors, `packed_attention_bytes`, below; unpacked, a micro-batch's
+  rows x L x L ones, `padded_attention_bytes`); autocast's weight copies saved for
   backward; the log-prob head's chunk of logits: 10 bytes a logit over the micro-batch's
   response positions, the only ones the head sees) or the optimizer step (foreach AdamW, torch's
   kernel for FSDP2's DTensor shards on a GPU, makes one float32 temporary the size of the shard;
@@ -32,8 +33,22 @@ the compute dtype in every attention layer and saves that copy for backward (``c
 entry per layer); eager builds the additive mask once (``c`` bytes an entry) and saves the
 softmax's N x N output per head and layer. With gradient checkpointing one layer's
 saved tensors live at once (the mask is each layer's input). Flash-attention's varlen kernels
-hold nothing quadratic, flex attention a block mask of (N / 128)^2 entries (not counted). The
-padded path's masks (rows x L x L per layer where a micro-batch has padding) are not counted.
+hold nothing quadratic, flex attention a block mask of (N / 128)^2 entries (not counted).
+
+Padded attention under SDPA / eager (measured the same way, tests/plan/test_packed_attention_memory.py,
+through the update's own per-row forward, ``training/logprobs.py``: prompts left-padded,
+responses right-padded, one micro-batch of R rows trimmed to L = its longest prompt + longest
+response): where the micro-batch has padding, SDPA gets a boolean mask [R, 1, L, L] (1 byte an
+entry, built once) and every attention layer saves its float copy [R, 1, L, L] in the compute
+dtype; without padding (rows of equal lengths, or one row) transformers 5.x passes no mask and
+SDPA runs causal: nothing quadratic. Eager builds the float mask [R, 1, L, L] whatever the
+padding and saves the softmax's output [R, heads, L, L] per layer. So the same bytes as packed
+with R x L^2 entries for N^2 (`dense_attention_bytes`). The plan assumes padding wherever a
+micro-batch has two rows or more (unequal lengths are the normal case). Gradient checkpointing:
+the forward saves none of them (the recomputed layer does, in backward: one layer's at a time,
+as packed). The shared-prompt forward (no FSDP2, no checkpointing) masks its prompt forward
+[U, 1, Lp, Lp] and each response bucket [rows, 1, Lr, Lp + Lr]: less than R x L^2, so the
+count bounds it.
 
 Every phase adds ``overhead_gib`` (CUDA context, NCCL buffers, the allocator's slack). The
 constants no GPU has measured are `ibpo_lit.plan.constants`'; `ibpo_lit.plan.calibration` fits
@@ -152,17 +167,39 @@ def packed(model: ModelShape, run: RunShape) -> bool:
     return packs_under(run.packing, attention_kind(model.attention))
 
 
-def packed_attention_bytes(model: ModelShape, run: RunShape, tokens: int) -> float:
-    """The N x N attention tensors a packed micro-batch of ``tokens`` (N) tokens keeps for
-    backward under SDPA or eager (see the module docstring); 0 unpacked, and under
-    flash-attention's varlen kernels or flex attention (its block mask is (N / 128)^2)."""
-    if not packed(model, run) or attention_kind(model.attention) != "dense":
+def dense_attention_bytes(model: ModelShape, run: RunShape, entries: float, masked: bool = True) -> float:
+    """The quadratic tensors SDPA or eager keeps for backward over ``entries`` query x key
+    entries of one head (N^2 packed, rows x L^2 padded; see the module docstring): eager its
+    float mask once and the softmax's output per head in each layer whose saved tensors live at
+    once; SDPA, only where a mask is built (``masked``), the bool mask once and its float copy
+    per such layer. 0 under flash-attention's varlen kernels or flex attention."""
+    if attention_kind(model.attention) != "dense":
         return 0.0
-    c, square = run.compute_bytes, float(tokens) ** 2
+    c = run.compute_bytes
     kept = 1 if run.checkpointing else model.attention_layers  # layers whose saved tensors live at once
     if model.attention == "eager":  # the float mask, and per layer the softmax's output, per head
-        return square * c * (1 + model.heads * kept)
-    return square * (1 + c * kept)  # SDPA: the bool mask, and per layer its float copy
+        return entries * c * (1 + model.heads * kept)
+    return entries * (1 + c * kept) if masked else 0.0  # SDPA: the bool mask, and per layer its float copy
+
+
+def packed_attention_bytes(model: ModelShape, run: RunShape, tokens: int) -> float:
+    """The N x N attention tensors a packed micro-batch of ``tokens`` (N) tokens keeps for
+    backward under SDPA or eager (`dense_attention_bytes`); 0 unpacked."""
+    if not packed(model, run):
+        return 0.0
+    return dense_attention_bytes(model, run, float(tokens) ** 2)
+
+
+def padded_attention_bytes(model: ModelShape, run: RunShape, rows: int, row_tokens: int) -> float:
+    """The rows x L x L attention tensors an unpacked micro-batch of ``rows`` rows padded to
+    ``row_tokens`` (L) tokens keeps for backward under SDPA or eager (`dense_attention_bytes`);
+    0 packed. Padding is assumed wherever a micro-batch has two rows or more (rows of unequal
+    lengths are the normal case; the plan is an upper bound): SDPA then gets a mask, which
+    transformers skips for a micro-batch without padding (one row: a row is trimmed to its own
+    length). Eager builds its mask and keeps its softmax whatever the padding."""
+    if packed(model, run):
+        return 0.0
+    return dense_attention_bytes(model, run, rows * float(row_tokens) ** 2, masked=rows > 1)
 
 
 def backward_transients(model: ModelShape, run: RunShape, longest_row: int) -> dict[str, float]:
@@ -176,6 +213,9 @@ def backward_transients(model: ModelShape, run: RunShape, longest_row: int) -> d
     mask = packed_attention_bytes(model, run, tokens)
     if mask:
         parts["attention masks (packed, N x N)"] = mask
+    padded = padded_attention_bytes(model, run, rows, longest_row)
+    if padded:
+        parts["attention masks (padded, rows x L x L)"] = padded
     if not run.sharded and run.compute_bytes < run.param_bytes:  # see "Autocast copies" above
         layers = model.layer_params if run.checkpointing else model.params
         parts["autocast copies saved for backward"] = layers * run.compute_bytes
