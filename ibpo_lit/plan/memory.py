@@ -35,7 +35,7 @@ softmax's N x N output per head and layer. With gradient checkpointing one layer
 saved tensors live at once (the mask is each layer's input). Flash-attention's varlen kernels
 hold nothing quadratic, flex attention a block mask of (N / 128)^2 entries (not counted).
 
-Padded attention under SDPA / eager (measured the same way, tests/plan/test_packed_attention_memory.py,
+Padded attention under SDPA / eager (measured the same way, tests/plan/test_padded_attention_memory.py,
 through the update's own per-row forward, ``training/logprobs.py``: prompts left-padded,
 responses right-padded, one micro-batch of R rows trimmed to L = its longest prompt + longest
 response): where the micro-batch has padding, SDPA gets a boolean mask [R, 1, L, L] (1 byte an
