@@ -342,12 +342,17 @@ def update_plan(shape: str, group: UpdateGroup, args, device_gib: Optional[float
     plan = build_plan(model, run, settings)
     update = next(p for p in plan.phases if p.name == "update")
     state, backward, step = memory.update_moments(model, run, memory.longest_row(run, model.context))
+    # The case's rows are all one length: no padding, so SDPA is handed no mask and keeps no
+    # rows x L x L copy, which the plan assumes for a real run's micro-batches of 2+ rows
+    # (memory.padded_attention_bytes). Left in, it would bias the prediction and the fitted factor.
+    absent = backward.pop(memory.PADDED_MASKS, 0.0) if model.attention == "sdpa" else 0.0
+    parts = {k: v for k, v in update.parts.items() if not (absent and k == memory.PADDED_MASKS)}
     return {
         "moments": {"state": sum(state.values()), "backward": sum(backward.values()), "step": step},
-        "peak_allocated_gib": (update.total - settings.overhead_gib * GIB) / GIB,
-        "device_gib": update.total / GIB,
+        "peak_allocated_gib": (update.total - absent - settings.overhead_gib * GIB) / GIB,
+        "device_gib": (update.total - absent) / GIB,
         "overhead_gib": settings.overhead_gib,
-        "parts_gib": {k: v / GIB for k, v in update.parts.items()},
+        "parts_gib": {k: v / GIB for k, v in parts.items()},
         "update_s": update.seconds,
         "mfu": settings.mfu,
         "model": model,

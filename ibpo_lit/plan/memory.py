@@ -72,6 +72,7 @@ from ibpo_lit.plan.shapes import ModelShape
 from ibpo_lit.models.attention import attention_kind, packs_under
 
 GIB = 1024 ** 3
+PADDED_MASKS = "attention masks (padded, rows x L x L)"  # a part of the update (backward_transients)
 ADAMW_STATES = 2
 UPDATE_STATE = ("parameters", "optimizer (AdamW)", "gradients", "DDP gradient buckets")
 """The update's persistent parts (the rest are its transients, or an engine's)."""
@@ -215,7 +216,7 @@ def backward_transients(model: ModelShape, run: RunShape, longest_row: int) -> d
         parts["attention masks (packed, N x N)"] = mask
     padded = padded_attention_bytes(model, run, rows, longest_row)
     if padded:
-        parts["attention masks (padded, rows x L x L)"] = padded
+        parts[PADDED_MASKS] = padded
     if not run.sharded and run.compute_bytes < run.param_bytes:  # see "Autocast copies" above
         layers = model.layer_params if run.checkpointing else model.params
         parts["autocast copies saved for backward"] = layers * run.compute_bytes

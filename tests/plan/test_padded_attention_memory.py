@@ -20,7 +20,7 @@ SHAPE = ModelShape(params=1000, active_params=1000, layer_params=100, embed_para
                    largest_tensor=200, layers=8, hidden=16, mlp_width=32, q_width=16, kv_width=8, kv_heads=2,
                    head_dim=4, attention_layers=6, linear_state_elems=0, qk_norm=False, vocab=50, context=None)
 ROW = 300  # the longest row's tokens
-PADDED = "attention masks (padded, rows x L x L)"
+PADDED = memory.PADDED_MASKS
 PACKED = "attention masks (packed, N x N)"
 
 

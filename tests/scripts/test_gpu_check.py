@@ -126,6 +126,43 @@ def test_the_calibration_predicts_a_case_before_it_runs(tmp_path, load_script, m
     assert record.data["skipped"][-1]["reason"].startswith("predicted")
 
 
+def test_the_update_cases_plan_has_no_padded_masks_for_their_rows_of_one_length(load_script, monkeypatch):
+    """Stage 1's rows are all one length, so SDPA gets no mask: the plan's padded-mask part, which
+    a real run's micro-batches of 2+ rows carry (plan/memory.py), is taken out of the case's
+    moments (what the calibration fits), its parts and its predicted peak."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    gpu_check = load_script("gpu_check")
+    from gpu_check_cases import UpdateGroup, update_plan
+
+    from ibpo_lit.plan import memory
+    from ibpo_lit.plan.plan import PlanSettings, build_plan
+
+    args = gpu_check.parse_args(TINY)
+    group = UpdateGroup("update/tiny/96", "tiny", 96, 16, 4, 2, 1, 2)  # micro-batches of 2 rows
+    plan = update_plan("tiny", group, args, 80.0, 100.0)
+    assert memory.PADDED_MASKS not in plan["parts_gib"]
+    # the plan of a real run with these settings does count them
+    real = memory.backward_transients(plan["model"], _run_of(plan, args, group), 96)
+    padded = real[memory.PADDED_MASKS]
+    assert padded == 2 * 96 ** 2 * (1 + 4 * 1)  # the bool mask, one fp32 copy (stage 1 checkpoints: one layer's)
+    assert plan["moments"]["backward"] == pytest.approx(sum(real.values()) - padded)
+    whole = build_plan(plan["model"], _run_of(plan, args, group), PlanSettings(gpu_memory_gib=80.0, peak_tflops=100.0))
+    update = next(p for p in whole.phases if p.name == "update")
+    assert plan["device_gib"] == pytest.approx((update.total - padded) / 1024 ** 3)
+
+
+def _run_of(plan, args, group):
+    from types import SimpleNamespace
+
+    from gpu_check_cases import update_module
+
+    from ibpo_lit.plan.run import RunShape
+
+    trainer = SimpleNamespace(accelerator="cpu", devices=1, num_nodes=1, strategy="fsdp2", precision=args.precision)
+    return RunShape.from_fit(update_module("tiny", group), SimpleNamespace(prompts_per_step=1,
+                                                                     max_prompt_tokens=group.prompt_tokens), trainer)
+
+
 def test_the_record_is_replaced_whole(tmp_path, load_script, monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "scripts"))
     from gpu_check_record import Record
