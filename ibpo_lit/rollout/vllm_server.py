@@ -83,6 +83,31 @@ HTTP_GRACE_S = 30.0
 every rank together, is what ends a phase; the HTTP timeout only frees the request's thread."""
 
 
+def send(session, method: str, url: str, **kwargs):
+    """``session.request(method, url, **kwargs)``, sent once more on a fresh connection when the
+    server closed a pooled keep-alive connection without answering (``RemoteDisconnected``, or a
+    reset or broken pipe, before any response). That is the race of a connection the server's
+    idle timeout (uvicorn's: 5 s) closes just as a request goes out on it: the server never read
+    the request. urllib3 retries no POST on its own, and its ``Retry`` cannot tell this case from
+    a read timeout, which must not be retried (the deadlines are the caller's). Every request
+    here is safe to repeat: a generation is fixed by its seed, a weight load by its folder. A
+    server that is gone fails the second try too (refused), with that error."""
+    import http.client
+
+    import requests
+
+    try:
+        return session.request(method, url, **kwargs)
+    except requests.ConnectionError as err:
+        reason = err.args[0] if err.args else None
+        inner = reason.args[1] if getattr(reason, "args", None) and len(reason.args) > 1 else reason
+        if not isinstance(inner, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
+            raise
+        logger.warning("the server at %s closed a kept-alive connection unanswered (%r): sending %s %s again",
+                       url, inner, method, url)
+        return session.request(method, url, **kwargs)
+
+
 class EngineUnavailable(RuntimeError):
     """The vLLM server died, stalled past a deadline, or refused a request."""
 
@@ -281,12 +306,12 @@ class VLLMServerEngine(RolloutEngine):
         logger.info("attached to the vLLM server at %s (model %s, %s)", self.url, self.model, self.workers)
 
     def _get(self, path: str, timeout: float) -> Any:
-        response = self.session.get(f"{self.url}{path}", timeout=timeout)
+        response = send(self.session, "GET", f"{self.url}{path}", timeout=timeout)
         self._raise_for(response, path)
         return response.json()
 
     def _post(self, path: str, body: Optional[dict], timeout: float) -> Any:
-        response = self.session.post(f"{self.url}{path}", json=body, timeout=timeout)
+        response = send(self.session, "POST", f"{self.url}{path}", json=body, timeout=timeout)
         self._raise_for(response, path)
         return response.json() if response.content else None
 
