@@ -218,11 +218,21 @@ def throughput_runs() -> tuple[tuple[str, dict], ...]:
 SPEED_ARMS = ("ibpo-hf", "ibpo-vllm", "ibpo-vllm-bf16engine")
 
 
-def speed_rows(arm: str) -> list[tuple[str, dict]]:
-    """The arm's rows that README's medians take: fp32 trainer, eager engine, a TRL arm in the
-    same run (so a per-token ratio exists)."""
+def rows_mode(run: dict, row: dict) -> str:
+    """Which rows an ibpo-lit arm trained: "skip" (ibpo-lit's default, zero-advantage rows not
+    trained) or "every" (every row, as TRL does). Runs made before the script recorded
+    ``every_row`` in their settings ran the default only, under the arm's bare name; since then the
+    bare name is the every-row arm and the default is ``<arm> (skip)``."""
+    return "every" if "every_row" in run["settings"] and not row["arm"].endswith(" (skip)") else "skip"
+
+
+def speed_rows(arm: str, mode: str = "skip") -> list[tuple[str, dict]]:
+    """The arm's rows that README's medians take (``mode`` "skip", ibpo-lit as it runs by default)
+    or its same-work figure takes ("every"): fp32 trainer, eager engine, a TRL arm in the same run
+    (so a per-token ratio exists)."""
     return [(path, row) for path, run in throughput_runs() if not run["settings"].get("vllm_compile")
-            for row in run["rows"] if row["arm"] == arm and row["precision"] == "fp32" and row.get("tok_ratio")]
+            for row in run["rows"] if row["arm"].removesuffix(" (skip)") == arm and rows_mode(run, row) == mode
+            and row["precision"] == "fp32" and row.get("tok_ratio")]
 
 
 def speed_median(arm: str) -> float:
@@ -452,10 +462,20 @@ def generated_block(text: str) -> str:
 SPEED_RUNS = [("summary.json", " (its fp32 arms)", "2026-11-21"), ("fp32_bf16engine.json", "", "2026-11-21"),
               ("fp32_after_scale.json", "", "2026-11-24"),
               ("issue33/before_103b4bf.json", " (the tree of commit 103b4bf)", "2026-11-26"),
-              ("issue33/after.json", "", "2026-11-26")]
+              ("issue33/after.json", "", "2026-11-26"),
+              ("issue45/same_rows_hf.json", " (`ibpo-hf (skip)`)", "2026-11-27")]
 
 
 def other_setup(path: str, arm: str, precision: str) -> float:
     return next(r["tok_ratio"] for r in run_of(path)["rows"] if r["arm"] == arm and r["precision"] == precision)
 
 
+
+
+def same_work(arm: str) -> list[float]:
+    """The arm's every-row runs (the same rows trained as TRL's): speed-up per generated token,
+    per step and per trained token, of its one run on file (a second run makes this a median)."""
+    rows = speed_rows(arm, "every")
+    assert len(rows) == 1, f"{len(rows)} same-work runs of {arm}: quote their median"
+    row = rows[0][1]
+    return [row["tok_ratio"], row["speedup"], row["token_speedup"]]
