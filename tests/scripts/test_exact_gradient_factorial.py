@@ -103,3 +103,41 @@ def test_report_prints_every_endpoint_of_the_family(script):
     assert all(re.fullmatch(r"[\d.e+-]+", r[9]) for r in rows)  # every row has its Holm p
     assert [float(r[9]) for r in rows] == pytest.approx(script.holm(p_raw), rel=0.05)  # printed to 2 digits
     assert "Incomplete" in text and "ibpo_vs_gspo_tok" in text
+
+
+def test_the_report_names_the_code_of_its_runs_and_whether_the_testbed_changed(script, tmp_path, monkeypatch):
+    """A factorial resumed over several sessions holds runs of several commits: the report lists them
+    and says whether the testbed differs between them (a change outside it does not count)."""
+    _git(tmp_path, "init", "-q")
+    testbed = tmp_path / "ibpo_lit" / "algorithms"
+    testbed.mkdir(parents=True)
+    (testbed / "shaping.py").write_text("LAM = 0.6\n")
+    (tmp_path / "README.md").write_text("a\n")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-q", "-m", "one")
+    first = _git(tmp_path, "rev-parse", "HEAD").strip()
+    (tmp_path / "README.md").write_text("b\n")  # outside the testbed
+    _git(tmp_path, "commit", "-qam", "two")
+    second = _git(tmp_path, "rev-parse", "HEAD").strip()
+    (testbed / "shaping.py").write_text("LAM = 0.5\n")
+    _git(tmp_path, "commit", "-qam", "three")
+    third = _git(tmp_path, "rev-parse", "HEAD").strip()
+    monkeypatch.setattr(script, "ROOT", tmp_path)
+
+    def records(*commits):
+        return [{"code_commit": c, "code_dirty": i == 0} for i, c in enumerate(commits)]
+
+    same = script.code_of_runs(records(first, second, second))
+    assert same == {"commits": [[first, 1, 1], [second, 2, 0]], "testbed_identical": True}
+    assert script.code_of_runs(records(first, second, third))["testbed_identical"] is False
+
+    protocol = script.load_protocol(PROTOCOL)
+    result = {**script.analyze(protocol, _synthetic_records(script, protocol, range(2))), "runs_code": same}
+    header = {"protocol_commit": "x" * 40, "protocol_sha256": "0" * 64, "code_commit": third, "code_dirty": False}
+    text = script.report_text(protocol, result, header)
+    assert (f"Runs made at code: 1 at `{first[:12]}` (1 of them with uncommitted testbed changes), 2 at "
+            f"`{second[:12]}`; the testbed (`ibpo_lit/experiments/exact_gradient`, `ibpo_lit/algorithms`) is "
+            "identical at all of them.") in text
+    assert f"report written at code `{third[:12]}`" in text
+    changed = {**result, "runs_code": script.code_of_runs(records(first, third))}
+    assert "**not** identical" in script.report_text(protocol, changed, header)
