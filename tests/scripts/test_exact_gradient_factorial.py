@@ -141,3 +141,24 @@ def test_the_report_names_the_code_of_its_runs_and_whether_the_testbed_changed(s
     assert f"report written at code `{third[:12]}`" in text
     changed = {**result, "runs_code": script.code_of_runs(records(first, third))}
     assert "**not** identical" in script.report_text(protocol, changed, header)
+
+
+def test_packed_records_read_back_the_same_and_pack_to_the_same_bytes(script, tmp_path):
+    """runs.jsonl.xz is what git keeps of a finished factorial: read back, it is the runs; packed
+    from the runs in another order, it is the same file; with runs/ present, runs/ is read."""
+    protocol = script.load_protocol(PROTOCOL)
+    records = _synthetic_records(script, protocol, range(2))
+    script.pack_records(tmp_path, records)
+    first = (tmp_path / script.PACKED).read_bytes()
+    key = lambda r: (r["setting"], r["arm"], r["seed"])  # noqa: E731
+    assert sorted(script.read_records(tmp_path, "x" * 40), key=key) == sorted(records, key=key)
+    shuffled = records[:]
+    random.Random(0).shuffle(shuffled)
+    script.pack_records(tmp_path, shuffled)
+    assert (tmp_path / script.PACKED).read_bytes() == first
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "default.shard0of1.jsonl").write_text(script.json.dumps(records[0]) + "\n")
+    assert script.read_records(tmp_path, "x" * 40) == [records[0]]
+    shutil.rmtree(tmp_path / "runs")
+    with pytest.raises(script.ProtocolError, match=r"runs\.jsonl\.xz holds runs of protocol commit xxxx"):
+        script.read_records(tmp_path, "y" * 40)  # the packed file's protocol is checked too
