@@ -199,7 +199,9 @@ def read_records(out: Path, commit: str) -> list[dict]:
                 raise ProtocolError(f"{path} holds runs of protocol commit {record['protocol_commit'][:12]}, "
                                     f"not {commit[:12]}: results of two protocols do not mix")
             records.append(record)
-    return records
+    # One order however the runs were split into files (shards, or packed): sums over seeds then
+    # come out bit-identical from runs/ and from the packed file.
+    return sorted(records, key=lambda r: (r["setting"], r["arm"], r["seed"]))
 
 
 def run(protocol: dict, out: Path, seeds: list[int], shard: tuple[int, int], header: dict) -> None:
