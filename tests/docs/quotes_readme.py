@@ -125,6 +125,28 @@ def speed_table_row(path: str, label: str, date: str) -> Quote:
                  f"results/bench_throughput/{path}", SPEED)
 
 
+README_QUOTES += [
+    Quote(README, "small enough to enumerate (not SmolLM2), {} seeds an arm, {} tests fixed before the runs (Holm), {} reject.",
+          lambda: [one({r["seeds"] for r in fact_rows()}), len(fact_rows()), fact_rejects()], S_FACT, "Results"),
+    Quote(README, "and they add (no interaction in any of {} tests).", lambda: [len(fact_rows("interaction"))], S_FACT, "Results"),
+    Quote(README, "IBPO ends ahead of GSPO in {} of {} settings, but over the whole budget it is ahead in {} and at equal "
+                  "context tokens behind in all {};",
+          lambda: [len(fact_estimates("ibpo_vs_gspo_seq", "J_at_8000")), len(fact_rows("ibpo_vs_gspo_seq", endpoint="J_at_8000")),
+                   sum(r["reject"] and r["estimate"] > 0 for r in fact_rows("ibpo_vs_gspo_seq", endpoint="AUC_8000")),
+                   sum(r["reject"] and r["estimate"] < 0 for r in fact_rows("ibpo_vs_gspo_tok", endpoint="AUC_8000"))],
+          S_FACT, "Results"),
+]
+
+README_CLAIMS += [
+    Claim(README, "each help with or without the", lambda: all(
+        r["estimate"] > 0 for c in FACTORIAL_CONTRASTS[:4] for r in fact_rows(c) if r["reject"])
+        and all(fact_rejects(c) > 0 for c in FACTORIAL_CONTRASTS[:4]) and fact_rejects("interaction") == 0, S_FACT, "Results"),
+    Claim(README, "in the one setting chosen before any run, nothing resolves", lambda: sum(
+        fact_rejects(c, "held_out") for c in FACTORIAL_CONTRASTS) == 0, S_FACT, "Results"),
+    Claim(README, "IBPO ends ahead of GSPO", lambda: all(
+        r["estimate"] > 0 for r in fact_rows("ibpo_vs_gspo_seq", endpoint="J_at_8000") if r["reject"]), S_FACT, "Results"),
+]
+
 BENCH_QUOTES = [
     *[speed_table_row(*run) for run in SPEED_RUNS],
     Quote(BENCH_MD, "| **median** | | | | **{}x** ({} runs) | **{}x** ({} runs) | **{}x** ({} runs) |",

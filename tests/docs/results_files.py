@@ -26,6 +26,7 @@ S_ALL = "results/*/summary.json"
 S_VAR = "results/variance/untrained.json, gspo_checkpoint.json"
 S_BENCH = "results/bench_throughput/**/*.json"
 S_EG = "results/exact_gradient/fixed.json, curves.json"
+S_FACT = "results/exact_gradient_factorial/runs.jsonl.xz"
 S_CR = "results/correction_regime/arith*.json"
 S_QS = "results/quickstart_precision/native_auto.log"
 S_PRE = "results/pre_fix/*/summary.json"
@@ -479,3 +480,46 @@ def same_work(arm: str) -> list[float]:
     assert len(rows) == 1, f"{len(rows)} same-work runs of {arm}: quote their median"
     row = rows[0][1]
     return [row["tok_ratio"], row["speedup"], row["token_speedup"]]
+
+
+# ------------------------------------------------------------------ the pre-registered factorial
+FACTORIAL_CONTRASTS = ("shaping_given_training", "training_given_shaping", "shaping_without_training",
+                       "training_without_shaping", "interaction")  # the 2 x 2's own, beside the GSPO ones
+
+
+@cache
+def factorial() -> dict:
+    """The factorial's 126 tests recomputed from its raw run records (the packed file git keeps,
+    not report.md or results.json), by the script's own analysis, which
+    tests/scripts/test_exact_gradient_factorial.py checks on hand-computed cases."""
+    import importlib.util
+    import lzma
+    import sys
+
+    path = REPO / "scripts" / "exact_gradient_factorial.py"
+    spec = importlib.util.spec_from_file_location("exact_gradient_factorial_docs", path)
+    script = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = script
+    spec.loader.exec_module(script)
+    with lzma.open(REPO / S_FACT, "rt") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    commit = script.protocol_commit(script.PROTOCOL)
+    assert {r["protocol_commit"] for r in records} == {commit}, "the packed runs are of another protocol commit"
+    protocol = script.load_protocol(script.PROTOCOL)
+    result = script.analyze(protocol, sorted(records, key=lambda r: (r["setting"], r["arm"], r["seed"])))
+    assert result["complete"], "the factorial on file is not complete"
+    return result
+
+
+def fact_rows(contrast: str = "", setting: str = "", endpoint: str = "") -> list[dict]:
+    return [r for r in factorial()["rows"] if (not contrast or r["contrast"] == contrast)
+            and (not setting or r["setting"] == setting) and (not endpoint or r["endpoint"] == endpoint)]
+
+
+def fact_rejects(contrast: str = "", setting: str = "", endpoint: str = "") -> int:
+    return sum(r["reject"] for r in fact_rows(contrast, setting, endpoint))
+
+
+def fact_estimates(contrast: str, endpoint: str, rejected: bool = True) -> list[float]:
+    """The estimates of the contrast's tests of one endpoint that reject (or all of them)."""
+    return [r["estimate"] for r in fact_rows(contrast, endpoint=endpoint) if r["reject"] or not rejected]
