@@ -3,7 +3,7 @@ into ``--help`` text; ``__post_init__`` rejects bad values before any model load
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Union
+from typing import Literal, Optional, Union, get_args
 
 from ibpo_lit.algorithms.advantages import is_token_level
 from ibpo_lit.algorithms.ciw import CIWConfig
@@ -17,7 +17,7 @@ from ibpo_lit.algorithms.regularizers import KL_ESTIMATORS, RegularizerSettings
 from ibpo_lit.algorithms.rollout_correction import RolloutCorrectionSettings
 from ibpo_lit.algorithms.shaping import validate_shaping
 from ibpo_lit.rollout.engine import SamplingConfig
-from ibpo_lit.rollout.factory import ENGINES, Backend
+from ibpo_lit.rollout.factory import ENGINES, Backend, HFDecode
 from ibpo_lit.rollout.vllm_engine import VLLMConfig
 from ibpo_lit.rollout.tools import ToolConfig
 from ibpo_lit.tasks import CODE_COMPARE_TEMPLATE, CODE_REVISE_TEMPLATE, COMPARE_TEMPLATE, REVISE_TEMPLATE
@@ -351,6 +351,10 @@ class RolloutConfig:
             (``training.off_policy``; needs ``backend: vllm_server`` and rollout correction on;
             docs/rollouts.md). The data module then hands each step the next step's prompts too
             (``data.steps_ahead``, linked).
+        hf_decode: The HF engine's decode (``backend: hf`` only): ``dynamic`` (a KV cache that grows
+            each step, finished rows leave the batch) or ``static`` (a fixed-size cache, every row
+            decoded to the batch's end, the step compiled into a CUDA graph on a GPU; other
+            per-seed samples than ``dynamic``'s). ``ibpo_lit/rollout/hf.py``; docs/benchmarks.md.
     """
 
     group_size: int = 8
@@ -368,8 +372,12 @@ class RolloutConfig:
     seed: Optional[int] = None
     tools: Optional[ToolConfig] = None
     max_staleness: int = 0
+    hf_decode: HFDecode = "dynamic"
 
     def __post_init__(self) -> None:
+        if self.hf_decode not in get_args(HFDecode):
+            raise ValueError(f"rollout.hf_decode must be one of {', '.join(get_args(HFDecode))}, "
+                             f"got {self.hf_decode!r}")
         if self.max_staleness not in (0, 1):
             raise ValueError(f"rollout.max_staleness must be 0 (on-policy) or 1 (one step off-policy), got "
                              f"{self.max_staleness}: larger lags are not implemented")

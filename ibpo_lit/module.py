@@ -315,7 +315,7 @@ class IBPOModule(L.LightningModule):
             self.policy, self.tokenizer, cfg.sampling, cfg.backend, vllm=cfg.vllm, dtype=self.dtype_name,
             model_path=model_files(self.model_name),
             reshard_after_forward=self._plan.reshard_after_forward if self._plan is not None else True,
-            stop_strings=cfg.tools is not None, sync=engine_sync,
+            stop_strings=cfg.tools is not None, sync=engine_sync, hf_decode=cfg.hf_decode,
         )
         return with_tools(engine, self.tokenizer, cfg.tools, (engine_sync or self.sync).any)
 

@@ -8,7 +8,8 @@ settings a training run would.
 
 What is covered:
     * ``hf``: ``HFRolloutEngine`` over the policy object itself (no copy, no sync), with the
-      FSDP2 plan's ``reshard_after_forward`` for a sharded policy.
+      FSDP2 plan's ``reshard_after_forward`` for a sharded policy and the decode
+      ``rollout.hf_decode`` names (``dynamic`` or ``static``).
     * ``vllm``: ``VLLMRolloutEngine``, a separate copy of the weights. Where its start-up
       weights come from is decided in ``_vllm_engine`` (one rule, explained there).
     * ``vllm_server``: ``VLLMServerEngine``, a vLLM server in its own processes
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
 Backend = Literal["hf", "vllm", "vllm_server"]
 """The names in ``ENGINES``, spelled out for the command line's type checks and ``--help``."""
 
+HFDecode = Literal["dynamic", "static"]
+"""The HF engine's decodes (``rollout.hf_decode``, ``HFRolloutEngine(decode=...)``)."""
+
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -58,6 +62,8 @@ class EngineSettings:
             otherwise.
         sync: The collectives a ``vllm_server`` engine's waits agree over (None: the run's
             default process group; ``training.off_policy.producer_sync`` under max_staleness 1).
+        hf_decode: The HF engine's decode, ``dynamic`` or ``static`` (``HFRolloutEngine``'s
+            ``decode``).
     """
 
     vllm: Optional[VLLMConfig] = None
@@ -66,6 +72,7 @@ class EngineSettings:
     reshard_after_forward: bool = True
     stop_strings: bool = False
     sync: Any = None
+    hf_decode: HFDecode = "dynamic"
 
 
 @dataclass(frozen=True)
@@ -88,7 +95,8 @@ ENGINES = Registry("rollout backend")
 
 def build_engine(policy, tokenizer, sampling: SamplingConfig, backend: str, *, vllm: Optional[VLLMConfig] = None,
                  dtype: str = "float32", model_path: Optional[str] = None,
-                 reshard_after_forward: bool = True, stop_strings: bool = False, sync: Any = None) -> RolloutEngine:
+                 reshard_after_forward: bool = True, stop_strings: bool = False, sync: Any = None,
+                 hf_decode: HFDecode = "dynamic") -> RolloutEngine:
     """The rollout engine of ``backend`` over ``policy`` (a Hugging Face causal LM, plain, LoRA or
     FSDP2-sharded), sampling with ``sampling`` by default.
 
@@ -99,7 +107,8 @@ def build_engine(policy, tokenizer, sampling: SamplingConfig, backend: str, *, v
     ``ValueError`` listing the valid names.
     """
     settings = EngineSettings(vllm=vllm, dtype=dtype, model_path=model_path,
-                              reshard_after_forward=reshard_after_forward, stop_strings=stop_strings, sync=sync)
+                              reshard_after_forward=reshard_after_forward, stop_strings=stop_strings, sync=sync,
+                              hf_decode=hf_decode)
     with plain_tensor_defaults():
         return ENGINES.get(backend).build(policy, tokenizer, sampling, settings)
 
@@ -134,7 +143,8 @@ def _hf_engine(policy, tokenizer, sampling: SamplingConfig, settings: EngineSett
     from ibpo_lit.rollout.hf import HFRolloutEngine  # transformers' generation code is slow to import
 
     return HFRolloutEngine(policy, eos_token_ids(policy, tokenizer), tokenizer.pad_token_id, sampling,
-                           reshard_after_forward=settings.reshard_after_forward, tokenizer=tokenizer)
+                           reshard_after_forward=settings.reshard_after_forward, tokenizer=tokenizer,
+                           decode=settings.hf_decode)
 
 
 def _vllm_engine(policy, tokenizer, sampling: SamplingConfig, settings: EngineSettings) -> RolloutEngine:

@@ -10,25 +10,48 @@ What is covered:
       before the temperature, as ``generate`` and vLLM apply it), over each row's own prompt
       and response tokens only: its left padding never counts (see ``_penalty_history``), so a
       row's tokens still depend only on (prompt, seed, weights).
-    * Per-rollout seeds: row ``b`` draws its sampling uniforms from its own ``torch.Generator``
-      seeded with ``seeds[b]``, so its tokens depend only on (prompt, seed, weights).
+    * Per-rollout seeds: row ``b`` draws its sampling uniforms from a source of its own seeded
+      with ``seeds[b]``, so its tokens depend only on (prompt, seed, weights).
     * ``rollout_logp``: log-prob of each sampled token under ``softmax(logits / temperature)``
       before the repetition penalty and top-k/top-p/min-p filtering, through ``token_logprobs``
       (the trainer's function): the model's own distribution, the one the trainer trains.
     * No work twice: each distinct prompt is prefilled once and its KV cache indexed out to its
-      ``n`` rows; a row that ends leaves the batch (its cache rows are dropped), so the
-      decode steps after it cost nothing for it (what that saves: docs/benchmarks.md).
+      ``n`` rows.
+    * Two decodes (``decode``), one sampler (`_draw`: penalty, temperature, filters,
+      inverse-CDF sampling, log-prob) over two caches and two uniform sources:
+
+      - ``dynamic`` (the default): a ``DynamicCache`` that grows a column a step; a row that
+        ends leaves the batch (its cache rows are dropped), so the steps after it cost nothing
+        for it (what that saves: docs/benchmarks.md). Uniforms from one ``torch.Generator`` per
+        row.
+      - ``static``: the prefill copied into a ``transformers.StaticCache`` of [rows, prompt +
+        max_new_tokens], made once per batch; every row stays to the batch's last step (a row
+        that ended keeps decoding into its own columns, nothing of it recorded), so every step
+        has the same shapes. Uniforms from `counter_uniforms` (Philox on (seed, step), in
+        ``counter_rng``): no Python loop over rows. The step (forward, log-prob, sampling) is
+        thereby one fixed-shape function, compiled with CUDA graphs on a GPU (``compile_step``).
+        Every sampling setting works as in ``dynamic`` (stop strings check the text on the
+        host after each step, so with them each step waits for the device). With the same
+        uniforms the two decodes draw the same tokens (tests/rollout/test_static_decode.py); with
+        their own sources, the same seed gives other samples in each: a run keeps one decode.
 
     * A policy sharded with FSDP2: its weights are gathered for the whole call
       (``ibpo_lit.scale.fsdp2.gathered_weights``), so each decoding step runs without
       collectives and ranks may decode different numbers of steps. Every rank must call
       ``generate`` equally often (with no prompts where it has none): entering is a
-      collective. It needs one full copy of the weights per rank while it decodes.
+      collective. It needs one full copy of the weights per rank while it decodes. Both decodes;
+      the static one decodes a sharded policy eagerly unless ``compile_step`` says otherwise.
 
 What is not covered:
     * Speed beyond that: one process, one batch, no continuous batching or paged attention.
       Use it for tests, small models and as the reference the faster engines are checked
-      against.
+      against. The static decode's speed on a GPU (``scripts/bench_decode.py``, arm
+      ``hf_engine_static``) is not measured yet; a static batch pays for its ended rows until
+      its last row ends, which the dynamic one does not.
+    * The static decode of models whose cache is not full attention in every layer (sliding
+      windows, linear attention): refused with a message. A new ``StaticCache`` per batch
+      means a CUDA-graph step re-records its graph each call (as transformers' own static
+      ``generate`` does).
     * Bit-exact reproducibility across batch compositions is as good as the kernels: a row's
       logits can differ in the last float bits between batch shapes, which flips a sampled
       token only if the row's uniform falls within that error of a CDF boundary.
@@ -36,15 +59,15 @@ What is not covered:
 Why not ``model.generate``: it samples every row from one global RNG, so a response depends on
 which other rows share its batch and in what order; and it returns scores only after all
 processors, not the log-prob of each sampled token under the temperature-scaled policy. Our
-loop gives each row its own generator and computes the log-probs in the same pass.
+loop gives each row its own uniforms and computes the log-probs in the same pass.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, get_args
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel, StaticCache
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     MinPLogitsWarper,
@@ -57,8 +80,14 @@ from ibpo_lit.algorithms.logprobs import token_logprobs
 from ibpo_lit.models.compile import eager
 from ibpo_lit.models.hf_compat import cache_kwargs, output_cache
 from ibpo_lit.rollout.batch import RolloutBatch
+from ibpo_lit.rollout.counter_rng import counter_uniforms, seed_keys
 from ibpo_lit.rollout.engine import RolloutEngine, SamplingConfig, check_generate_args
-from ibpo_lit.scale.fsdp2 import gathered_weights
+from ibpo_lit.rollout.factory import HFDecode
+from ibpo_lit.scale.fsdp2 import fsdp_modules, gathered_weights
+
+DECODES = get_args(HFDecode)
+"""``HFRolloutEngine(decode=...)``: a growing cache whose finished rows leave, or a static one."""
+_DONE_CHECK_EVERY = 8  # static decode: steps between checks that every row is done (each waits for the device)
 
 
 class HFRolloutEngine(RolloutEngine):
@@ -74,6 +103,21 @@ class HFRolloutEngine(RolloutEngine):
         reshard_after_forward: For a model sharded with FSDP2: its decoder layers' setting,
             restored after each call (see ``gathered_weights``).
         tokenizer: Decodes responses for ``SamplingConfig.stop`` (needed only with stop strings).
+        decode: ``dynamic`` (the default): a KV cache that grows by a column a step, finished rows
+            leave the batch, per-row ``torch.Generator`` uniforms. ``static``: a
+            ``transformers.StaticCache`` of [rows, prompt + max_new_tokens] allocated once per
+            batch, every row decoded to the batch's end (a finished row's later tokens are not
+            recorded), per-row counter-based uniforms (`counter_uniforms`), so the decode step
+            has fixed shapes and no Python loop over rows: it can run as one CUDA graph. The two
+            are the same sampler over different caches and uniform sources: a row's tokens
+            depend on (prompt, seed, weights, decode), not on its batch.
+        compile_step: ``decode="static"`` only: ``torch.compile`` the decode step (forward over the
+            static cache, log-prob, sampling): ``mode="reduce-overhead"`` (CUDA graphs) on a GPU,
+            inductor's default mode on a CPU. None (the default): on a CUDA device for a policy
+            not sharded with FSDP2, eager otherwise. Eager on a CPU because compiling did not pay
+            there (measured on a 2-core CPU, tiny model and SmolLM2-135M: the compilation costs
+            tens of seconds and the compiled step was not faster); a sharded policy's forward
+            runs FSDP2's hooks, which this path has not been compiled through.
     """
 
     def __init__(
@@ -85,9 +129,16 @@ class HFRolloutEngine(RolloutEngine):
         max_batch_size: int | None = None,
         reshard_after_forward: bool = True,
         tokenizer=None,
+        decode: str = "dynamic",
+        compile_step: bool | None = None,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("HFRolloutEngine needs at least one eos_token_id")
+        if decode not in DECODES:
+            raise ValueError(f"HFRolloutEngine decode must be one of {', '.join(DECODES)}, got {decode!r}")
+        if compile_step and decode != "static":
+            raise ValueError("HFRolloutEngine compile_step needs decode='static' (the dynamic decode's shapes "
+                             "change every step)")
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1 or None, got {max_batch_size}")
         self.model = model
@@ -97,6 +148,9 @@ class HFRolloutEngine(RolloutEngine):
         self.max_batch_size = max_batch_size
         self.reshard_after_forward = reshard_after_forward
         self.tokenizer = tokenizer
+        self.decode = decode
+        self.compile_step = compile_step
+        self._compiled_step = None  # made at the first compiled call, then reused (its graphs with it)
 
     def generate(
         self,
@@ -112,6 +166,7 @@ class HFRolloutEngine(RolloutEngine):
         rows = [list(p) for p in prompts for _ in range(n)]  # prompt-major
         seeds = [int(s) for s in seeds]
         chunk = self.max_batch_size or max(len(rows), 1)
+        decode_rows = self._generate_rows_static if self.decode == "static" else self._generate_rows
         was_training = self.model.training
         self.model.eval()
         try:
@@ -119,7 +174,7 @@ class HFRolloutEngine(RolloutEngine):
             # new cache length here
             with torch.no_grad(), eager(), gathered_weights(self.model, self.reshard_after_forward):
                 parts = [
-                    self._generate_rows(rows[i : i + chunk], seeds[i : i + chunk], sampling)
+                    decode_rows(rows[i : i + chunk], seeds[i : i + chunk], sampling)
                     for i in range(0, len(rows), chunk)
                 ]
         finally:
@@ -162,12 +217,11 @@ class HFRolloutEngine(RolloutEngine):
         active = torch.arange(num_rows, device=device)  # [A] rows still decoding
         width = 0
         for step in range(max_new):
-            # The penalty returns a new tensor: `logits` stay the model's own for the log-probs.
-            penalised = logits if penalty is None else penalty(history[active, : lp + step], logits)
-            scores = warpers(None, penalised / temperature)  # -inf outside the kept set
-            token = _sample_rows(scores, [generators[i] for i in active.tolist()], device)
+            seen = history[active, : lp + step] if history is not None else None
+            token, logp = _draw(logits, self._dynamic_uniforms(generators, active, step), temperature,
+                                warpers, penalty, seen)
             tokens[active, step] = token
-            logps[active, step] = token_logprobs(logits, token, temperature=temperature)  # before penalty and filters
+            logps[active, step] = logp
             if history is not None:
                 history[active, lp + step] = token
             masks[active, step] = True
@@ -204,6 +258,104 @@ class HFRolloutEngine(RolloutEngine):
             finished=done,
         )
 
+    def _dynamic_uniforms(self, generators: list[torch.Generator], active: Tensor, step: int) -> Tensor:
+        """The dynamic decode's uniforms at ``step`` for the rows ``active``: one draw from each
+        row's own generator. (A method so a test can feed the dynamic decode the static one's
+        uniforms and show the two decodes are one sampler.)"""
+        return _generator_uniforms([generators[i] for i in active.tolist()], generators[0].device)
+
+    def _generate_rows_static(
+        self, prompts: list[list[int]], seeds: list[int], sampling: SamplingConfig
+    ) -> RolloutBatch:
+        """Decode one batch of rows over a static cache, every row to the batch's last step (the
+        same results as `_generate_rows` but for the uniforms' source). Shapes: B rows, Lp padded
+        prompt length, V vocabulary, L = Lp + max_new_tokens the cache's length."""
+        device = next(self.model.parameters()).device
+        prompt_ids, prompt_mask = self._left_pad(prompts, device)  # [B, Lp]
+        num_rows, max_new = len(prompts), sampling.max_new_tokens
+        keys = seed_keys(seeds, device)  # [B, 2]
+        steps = torch.arange(max_new, device=device)  # step t as a tensor: a compiled step never specialises on it
+        warpers = _logits_warpers(sampling)
+        penalty = _repetition_penalty(sampling)
+        # The whole row: the columns not decoded yet hold the row's first prompt token, which the
+        # penalty counts anyway (`_penalty_history`), so the full width serves every step.
+        history = _penalty_history(prompt_ids, prompt_mask, max_new) if penalty is not None else None
+        eos = torch.tensor(self.eos_token_ids, device=device)
+        stops = _StopStrings(sampling.stop, self.tokenizer) if sampling.stop else None
+        temperature = sampling.temperature
+
+        logits, prefill_cache, row_prompt_mask = self._prefill(prompts, device)  # [B, V], B rows, [B, Lp]
+        lp = row_prompt_mask.shape[1]
+        cache = _static_cache(self.model, prefill_cache, lp + max_new)
+        del prefill_cache
+        # Every column is the prompt's or a decoded token's: a finished row keeps decoding into
+        # its own columns, which nothing records.
+        attention_mask = torch.ones(num_rows, lp + max_new, dtype=torch.long, device=device)
+        attention_mask[:, :lp] = row_prompt_mask
+        start = row_prompt_mask.sum(dim=1, keepdim=True)  # [B, 1] position of each row's first new token
+
+        tokens = torch.full((num_rows, max_new), self.pad_token_id, dtype=torch.long, device=device)
+        logps = torch.zeros((num_rows, max_new), dtype=torch.float32, device=device)
+        masks = torch.zeros((num_rows, max_new), dtype=torch.bool, device=device)
+        done = torch.zeros(num_rows, dtype=torch.bool, device=device)
+        decode_step = self._decode_step(device)
+        token, logp = _draw(logits, counter_uniforms(keys, steps[0]), temperature, warpers, penalty, history)
+        for step in range(max_new):
+            if step:
+                token, logp = decode_step(self.model, cache, token, start + (step - 1), attention_mask, keys,
+                                          steps[step], temperature, warpers, penalty, history)
+            live = ~done
+            tokens[:, step] = torch.where(live, token, self.pad_token_id)
+            logps[:, step] = torch.where(live, logp, 0.0)
+            masks[:, step] = live
+            if history is not None:
+                history[:, lp + step] = token
+            ended = live & torch.isin(token, eos)
+            if stops is not None:
+                rows = live.nonzero().squeeze(1)
+                ended[rows] |= stops.hit(tokens[rows, : step + 1])
+            done |= ended
+            # Asking whether every row is done waits for the device: with a captured step, only
+            # every few steps (results do not depend on it: later steps record nothing for them).
+            if step + 1 < max_new and (stops is not None or (step + 1) % _DONE_CHECK_EVERY == 0) and bool(done.all()):
+                break
+        width = int(masks.any(dim=0).sum())  # every row decodes step 0, and a row's mask is a prefix
+
+        return RolloutBatch(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            response_ids=tokens[:, :width],
+            response_mask=masks[:, :width],
+            rollout_logp=logps[:, :width],
+            group_index=torch.zeros(num_rows, dtype=torch.long, device=device),  # set by caller
+            seeds=torch.tensor(seeds, dtype=torch.long, device=device),
+            finished=done,
+        )
+
+    def _decode_step(self, device: torch.device):
+        """`_static_decode_step`, compiled as ``compile_step`` says (see the class docstring)."""
+        compile_step = self.compile_step
+        if compile_step is None:
+            compile_step = device.type == "cuda" and not fsdp_modules(self.model)
+        if not compile_step:
+            return _static_decode_step
+        if self._compiled_step is None:
+            mode = "reduce-overhead" if device.type == "cuda" else None  # CUDA graphs on a GPU
+            self._compiled_step = torch.compile(_static_decode_step, mode=mode)
+        compiled = self._compiled_step
+
+        def step(*args):
+            # generate() runs under eager() (the trainer's compiled layers must not recompile at
+            # every cache length); this step's shapes are fixed, so it leaves that stance.
+            with torch.compiler.set_stance("default"):
+                if device.type == "cuda":
+                    torch.compiler.cudagraph_mark_step_begin()
+                token, logp = compiled(*args)
+            # A CUDA graph's outputs are overwritten by its next replay: keep copies.
+            return token.clone(), logp.clone()
+
+        return step
+
     def _prefill(self, prompts: list[list[int]], device: torch.device) -> tuple[Tensor, DynamicCache, Tensor]:
         """Forward each distinct prompt once, then index its cache and last logits out to its
         rows. Returns the next-token logits [B, V] float32, the cache (B rows) and the rows'
@@ -233,6 +385,59 @@ class HFRolloutEngine(RolloutEngine):
             ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             mask[row, width - len(prompt) :] = True
         return ids.to(device), mask.to(device)
+
+
+def _draw(logits: Tensor, u: Tensor, temperature: float, warpers: LogitsProcessorList,
+          penalty: RepetitionPenaltyLogitsProcessor | None, history: Tensor | None) -> tuple[Tensor, Tensor]:
+    """One decoding step's sampling, the same in both decodes: the repetition penalty on the raw
+    ``logits`` [B, V] (over ``history``, the tokens each row has seen), the temperature, the
+    filters, then inverse-CDF sampling with the uniforms ``u`` [B]. Returns the tokens [B] and
+    their log-probs [B] under ``softmax(logits / temperature)``: the model's own distribution,
+    before the penalty and the filters (the one the trainer trains)."""
+    # The penalty returns a new tensor: `logits` stay the model's own for the log-probs.
+    penalised = logits if penalty is None else penalty(history, logits)
+    scores = warpers(None, penalised / temperature)  # -inf outside the kept set
+    token = _inverse_cdf(scores, u)
+    return token, token_logprobs(logits, token, temperature=temperature)
+
+
+def _static_decode_step(model, cache, token: Tensor, position: Tensor, attention_mask: Tensor, keys: Tensor,
+                        step: Tensor, temperature: float, warpers: LogitsProcessorList,
+                        penalty: RepetitionPenaltyLogitsProcessor | None,
+                        history: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The static decode's step, fixed shapes throughout: forward the last tokens [B] at
+    ``position`` [B, 1] over the static ``cache`` (which writes their keys and values into
+    its next column), then draw step ``step``'s tokens with the rows' counter uniforms.
+    ``attention_mask`` [B, L] covers the cache's every column. Returns the tokens [B] and
+    their log-probs [B] (`_draw`)."""
+    out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=position, use_cache=True,
+                **cache_kwargs(cache))
+    logits = out.logits[:, -1, :].float()  # [B, V]
+    return _draw(logits, counter_uniforms(keys, step), temperature, warpers, penalty, history)
+
+
+def _static_cache(model: PreTrainedModel, prefill: DynamicCache, length: int) -> StaticCache:
+    """A ``StaticCache`` of ``length`` columns holding the prefill's keys and values in its first
+    columns (the prefill ran on a dynamic cache: each distinct prompt once, then indexed out to
+    its rows). Refuses models whose cache is not full attention in every layer (sliding windows,
+    linear attention), which this decode does not handle."""
+    from transformers.cache_utils import StaticLayer
+
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    if len(cache.layers) != len(prefill.layers) or any(type(layer) is not StaticLayer for layer in cache.layers):
+        kinds = sorted({type(layer).__name__ for layer in cache.layers})
+        raise ValueError(f"HFRolloutEngine decode='static' handles full-attention caches only; "
+                         f"{type(model).__name__}'s static cache has {', '.join(kinds)} layers: use decode='dynamic'")
+    if not isinstance(getattr(cache.layers[0], "cumulative_length", None), Tensor):
+        raise ValueError("HFRolloutEngine decode='static' needs a transformers whose StaticLayer counts its own "
+                         "length in a tensor (cumulative_length: transformers 5.17 and 5.19 do); use decode='dynamic'")
+    for layer, filled in zip(cache.layers, prefill.layers):
+        layer.lazy_initialization(filled.keys, filled.values)  # zeros [B, heads, length, dim], static addresses
+        written = filled.keys.shape[-2]
+        layer.keys[:, :, :written].copy_(filled.keys)
+        layer.values[:, :, :written].copy_(filled.values)
+        layer.cumulative_length.fill_(written)
+    return cache
 
 
 def _logits_warpers(sampling: SamplingConfig) -> LogitsProcessorList:
@@ -288,7 +493,19 @@ class _StopStrings:
 
 def _sample_rows(scores: Tensor, generators: list[torch.Generator], device: torch.device) -> Tensor:
     """One token per row from ``softmax(scores)`` [B, V] by inverse-CDF sampling, row ``b``
-    drawing its single uniform from ``generators[b]`` alone.
+    drawing its single uniform from ``generators[b]`` alone (`_generator_uniforms`, `_inverse_cdf`)."""
+    return _inverse_cdf(scores, _generator_uniforms(generators, device))
+
+
+def _generator_uniforms(generators: list[torch.Generator], device: torch.device) -> Tensor:
+    """[B] float32 in [0, 1): one draw from each row's own generator (the dynamic decode's source)."""
+    return torch.cat([torch.rand(1, generator=g, device=device) for g in generators])
+
+
+def _inverse_cdf(scores: Tensor, u: Tensor) -> Tensor:
+    """One token per row from ``softmax(scores)`` [B, V]: the first whose cumulative probability
+    exceeds ``u[b]`` (in [0, 1)) times the row's total. Both decodes sample with it, from
+    different uniform sources (generators, `counter_uniforms`).
 
     Why not Gumbel-max: it needs V random numbers and two logs per row and step, where this
     needs one uniform and a cumulative sum; on a vocabulary of tens of thousands that
@@ -297,6 +514,5 @@ def _sample_rows(scores: Tensor, generators: list[torch.Generator], device: torc
     """
     probs = torch.softmax(scores, dim=-1)  # filtered tokens (-inf) get 0
     cdf = probs.cumsum(dim=-1)
-    u = torch.cat([torch.rand(1, generator=g, device=device) for g in generators])
     token = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
     return token.clamp_(max=scores.shape[-1] - 1)
