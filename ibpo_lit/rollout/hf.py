@@ -114,10 +114,12 @@ class HFRolloutEngine(RolloutEngine):
         compile_step: ``decode="static"`` only: ``torch.compile`` the decode step (forward over the
             static cache, log-prob, sampling): ``mode="reduce-overhead"`` (CUDA graphs) on a GPU,
             inductor's default mode on a CPU. None (the default): on a CUDA device for a policy
-            not sharded with FSDP2, eager otherwise. Eager on a CPU because compiling did not pay
-            there (measured on a 2-core CPU, tiny model and SmolLM2-135M: the compilation costs
-            tens of seconds and the compiled step was not faster); a sharded policy's forward
-            runs FSDP2's hooks, which this path has not been compiled through.
+            not sharded with FSDP2, eager otherwise (`compiles_step`). Eager on a CPU: there the
+            compilation takes a minute or more for a real model (and again at the second distinct
+            batch shape, which then compiles for any shape), and on a loaded 2-core CPU the
+            compiled step saved little a call against the eager one (SmolLM2-135M, fp32), which
+            a run's few decode calls do not win back. A sharded policy's forward runs FSDP2's
+            hooks, which this step has not been compiled through.
     """
 
     def __init__(
@@ -332,12 +334,18 @@ class HFRolloutEngine(RolloutEngine):
             finished=done,
         )
 
+    def compiles_step(self, device: torch.device) -> bool:
+        """Whether the static decode compiles its step on ``device``: ``compile_step``, or when
+        it is None, on a CUDA device for a policy not sharded with FSDP2."""
+        if self.decode != "static":
+            return False
+        if self.compile_step is not None:
+            return self.compile_step
+        return torch.device(device).type == "cuda" and not fsdp_modules(self.model)
+
     def _decode_step(self, device: torch.device):
-        """`_static_decode_step`, compiled as ``compile_step`` says (see the class docstring)."""
-        compile_step = self.compile_step
-        if compile_step is None:
-            compile_step = device.type == "cuda" and not fsdp_modules(self.model)
-        if not compile_step:
+        """`_static_decode_step`, compiled as `compiles_step` says."""
+        if not self.compiles_step(device):
             return _static_decode_step
         if self._compiled_step is None:
             mode = "reduce-overhead" if device.type == "cuda" else None  # CUDA graphs on a GPU

@@ -1,6 +1,7 @@
 """scripts/bench_decode.py on the CPU with the tiny shape (fp32; the GPU machine runs the same code
 on Qwen3-0.6B in bf16): every arm generates batch x max_new_tokens tokens in every call (counted
-from what it returned), the HF engine's per-row seeds give the same tokens call after call, the
+from what it returned), the HF engine's per-row seeds give the same tokens call after call in both
+its decodes (the static one eager here, the engine's CPU default), the
 compiled arm really compiles (once, in its warm-up) and its ratio to the HF engine is recorded, an
 arm that fails is recorded while the next runs, and a spent budget cuts the timed calls and skips
 the next arm. The compiled arm is in one test of its own: inductor takes tens of seconds here."""
@@ -48,19 +49,25 @@ def test_eager_arms_do_the_same_work_and_a_failing_arm_is_recorded(bench, tmp_pa
         raise RuntimeError("out of memory (on purpose)")
 
     monkeypatch.setitem(bench.ARMS, "broken", broken)
-    data = bench.main([*TINY, "--arms", "hf_engine", "broken", "transformers_dynamic", "--out-dir", str(tmp_path)])
+    data = bench.main([*TINY, "--arms", "hf_engine", "hf_engine_static", "broken", "transformers_dynamic",
+                       "--out-dir", str(tmp_path)])
     assert data["complete"] and data["skipped"] == []
-    assert [c["name"] for c in data["cases"]] == ["hf_engine", "broken", "transformers_dynamic"]
+    assert [c["name"] for c in data["cases"]] == ["hf_engine", "hf_engine_static", "broken", "transformers_dynamic"]
     assert data["failed"] == [{"name": "broken", "reason": "RuntimeError: out of memory (on purpose)"}]
     cases = {c["name"]: c for c in data["cases"]}
-    engine, dynamic = cases["hf_engine"], cases["transformers_dynamic"]
-    for case in (engine, dynamic):
+    engine, static, dynamic = cases["hf_engine"], cases["hf_engine_static"], cases["transformers_dynamic"]
+    for case in (engine, static, dynamic):
         check_full(case)
         assert case["compile_warmup"]["graphs"] == case["compile_timed"]["graphs"] == 0  # eager
-    assert len(set(engine["token_crcs"])) == 1  # per-row seeds: the same tokens every call
-    assert engine["per_row_seeds"] and engine["log_probs"] and not dynamic["per_row_seeds"]
-    assert engine["speed_vs_hf_engine"] == 1.0 and dynamic["speed_vs_hf_engine"] > 0
-    assert "hf_engine_over_static_compiled" not in data
+    for case in (engine, static):
+        assert len(set(case["token_crcs"])) == 1  # per-row seeds: the same tokens every call
+        assert case["per_row_seeds"] and case["log_probs"]
+    assert static["decode"] == "static" and engine["decode"] == "dynamic"
+    assert not static["compiled_step"]  # the engine's default on the CPU: an eager step
+    assert static["token_crcs"][0] != engine["token_crcs"][0]  # the other uniform source: other samples
+    assert not dynamic["per_row_seeds"]
+    assert engine["speed_vs_hf_engine"] == 1.0 and static["speed_vs_hf_engine"] > 0 and dynamic["speed_vs_hf_engine"] > 0
+    assert "hf_engine_over_static_compiled" not in data and "hf_engine_static_over_static_compiled" not in data
     assert data["work"]["expected_tokens_per_call"] == BATCH * NEW and data["device"] == "cpu"
     assert data["git_commit"] and data["date"]
     assert len(list(tmp_path.glob("cpu_*.json"))) == 1
@@ -76,7 +83,7 @@ NAN_SAMPLING = "probability tensor contains either `inf`, `nan` or element < 0"
 
 
 def test_the_static_compiled_arm_compiles_once_and_is_compared_with_the_engine(bench, tmp_path):
-    argv = [*TINY, "--arms", "hf_engine", "transformers_static_compiled"]
+    argv = [*TINY, "--arms", "hf_engine", "hf_engine_static", "transformers_static_compiled"]
     data = bench.main([*argv, "--out-dir", str(tmp_path / "first")])
     if [f["reason"] for f in data["failed"]] == [f"RuntimeError: {NAN_SAMPLING}"]:
         import torch._dynamo
@@ -89,6 +96,10 @@ def test_the_static_compiled_arm_compiles_once_and_is_compared_with_the_engine(b
     assert compiled["compiled_call"] and compiled["compile_config"]["compile_all_devices"]  # generate compiled
     assert compiled["compile_warmup"]["graphs"] >= 1 and compiled["compile_timed"]["graphs"] == 0
     assert data["hf_engine_over_static_compiled"] == pytest.approx(1 / compiled["speed_vs_hf_engine"])
+    static = next(c for c in data["cases"] if c["name"] == "hf_engine_static")
+    assert not static["compiled_call"]  # transformers' compiled forward is not this arm's
+    assert data["hf_engine_static_over_static_compiled"] == pytest.approx(
+        static["speed_vs_hf_engine"] / compiled["speed_vs_hf_engine"])
 
 
 def test_a_spent_budget_cuts_the_timed_calls_and_skips_the_next_arm(bench, tmp_path):
