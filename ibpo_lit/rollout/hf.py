@@ -131,7 +131,7 @@ class HFRolloutEngine(RolloutEngine):
         max_batch_size: int | None = None,
         reshard_after_forward: bool = True,
         tokenizer=None,
-        decode: str = "dynamic",
+        decode: HFDecode = "dynamic",
         compile_step: bool | None = None,
     ) -> None:
         if not eos_token_ids:
