@@ -29,7 +29,8 @@ What is covered:
         that ended keeps decoding into its own columns, nothing of it recorded), so every step
         has the same shapes. Uniforms from `counter_uniforms` (Philox on (seed, step), in
         ``counter_rng``): no Python loop over rows. The step (forward, log-prob, sampling) is
-        thereby one fixed-shape function, compiled with CUDA graphs on a GPU (``compile_step``).
+        thereby one fixed-shape function; its forward is compiled with CUDA graphs on a GPU
+        (``compile_step``; the sampler stays eager: `_static_forward` says why).
         Every sampling setting works as in ``dynamic`` (stop strings check the text on the
         host after each step, so with them each step waits for the device). With the same
         uniforms the two decodes draw the same tokens (tests/rollout/test_static_decode.py); with
@@ -111,9 +112,9 @@ class HFRolloutEngine(RolloutEngine):
             has fixed shapes and no Python loop over rows: it can run as one CUDA graph. The two
             are the same sampler over different caches and uniform sources: a row's tokens
             depend on (prompt, seed, weights, decode), not on its batch.
-        compile_step: ``decode="static"`` only: ``torch.compile`` the decode step (forward over the
-            static cache, log-prob, sampling): ``mode="reduce-overhead"`` (CUDA graphs) on a GPU,
-            inductor's default mode on a CPU. None (the default): on a CUDA device for a policy
+        compile_step: ``decode="static"`` only: ``torch.compile`` the decode step's forward over the
+            static cache (the log-prob and the sampling stay eager, `_static_forward` says why):
+            ``mode="reduce-overhead"`` (CUDA graphs) on a GPU, inductor's default mode on a CPU. None (the default): on a CUDA device for a policy
             not sharded with FSDP2, eager otherwise (`compiles_step`). Eager on a CPU: there the
             compilation takes a minute or more for a real model (and again at the second distinct
             batch shape, which then compiles for any shape), and on a loaded 2-core CPU the
@@ -349,18 +350,18 @@ class HFRolloutEngine(RolloutEngine):
             return _static_decode_step
         if self._compiled_step is None:
             mode = "reduce-overhead" if device.type == "cuda" else None  # CUDA graphs on a GPU
-            self._compiled_step = torch.compile(_static_decode_step, mode=mode)
+            self._compiled_step = torch.compile(_static_forward, mode=mode)
         compiled = self._compiled_step
 
-        def step(*args):
+        def step(model, cache, token, position, attention_mask, keys, step, temperature, warpers, penalty, history):
             # generate() runs under eager() (the trainer's compiled layers must not recompile at
-            # every cache length); this step's shapes are fixed, so it leaves that stance.
+            # every cache length); this forward's shapes are fixed, so it leaves that stance.
             with torch.compiler.set_stance("default"):
                 if device.type == "cuda":
                     torch.compiler.cudagraph_mark_step_begin()
-                token, logp = compiled(*args)
-            # A CUDA graph's outputs are overwritten by its next replay: keep copies.
-            return token.clone(), logp.clone()
+                # A CUDA graph's outputs are overwritten by its next replay: keep a copy.
+                logits = compiled(model, cache, token, position, attention_mask).clone()
+            return _draw(logits, counter_uniforms(keys, step), temperature, warpers, penalty, history)
 
         return step
 
@@ -418,10 +419,19 @@ def _static_decode_step(model, cache, token: Tensor, position: Tensor, attention
     its next column), then draw step ``step``'s tokens with the rows' counter uniforms.
     ``attention_mask`` [B, L] covers the cache's every column. Returns the tokens [B] and
     their log-probs [B] (`_draw`)."""
+    logits = _static_forward(model, cache, token, position, attention_mask)
+    return _draw(logits, counter_uniforms(keys, step), temperature, warpers, penalty, history)
+
+
+def _static_forward(model, cache, token: Tensor, position: Tensor, attention_mask: Tensor) -> Tensor:
+    """The static step's forward: the last tokens [B] at ``position`` [B, 1] over the static
+    ``cache``; the next-token logits [B, V] float32. This is the part compiled: inductor's CUDA
+    scan fails to generate code for the sampler's cumsum over a 151,936-token vocabulary
+    (``InductorError`` in SplitScan codegen, torch 2.11, H200, 2026-11-27), so the sampler stays
+    eager, as in transformers' own compiled ``generate``."""
     out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=position, use_cache=True,
                 **cache_kwargs(cache))
-    logits = out.logits[:, -1, :].float()  # [B, V]
-    return _draw(logits, counter_uniforms(keys, step), temperature, warpers, penalty, history)
+    return out.logits[:, -1, :].float()
 
 
 def _static_cache(model: PreTrainedModel, prefill: DynamicCache, length: int) -> StaticCache:
