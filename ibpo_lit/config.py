@@ -16,8 +16,8 @@ from ibpo_lit.algorithms.registry import (
 from ibpo_lit.algorithms.regularizers import KL_ESTIMATORS, RegularizerSettings
 from ibpo_lit.algorithms.rollout_correction import RolloutCorrectionSettings
 from ibpo_lit.algorithms.shaping import validate_shaping
-from ibpo_lit.rollout.engine import SamplingConfig
-from ibpo_lit.rollout.factory import ENGINES, Backend, HFDecode
+from ibpo_lit.rollout.engine import HFDecode, SamplingConfig
+from ibpo_lit.rollout.factory import ENGINES, Backend
 from ibpo_lit.rollout.vllm_engine import VLLMConfig
 from ibpo_lit.rollout.tools import ToolConfig
 from ibpo_lit.tasks import CODE_COMPARE_TEMPLATE, CODE_REVISE_TEMPLATE, COMPARE_TEMPLATE, REVISE_TEMPLATE
@@ -378,6 +378,9 @@ class RolloutConfig:
         if self.hf_decode not in get_args(HFDecode):
             raise ValueError(f"rollout.hf_decode must be one of {', '.join(get_args(HFDecode))}, "
                              f"got {self.hf_decode!r}")
+        if self.hf_decode != "dynamic" and self.backend != "hf":
+            raise ValueError(f"rollout.hf_decode: {self.hf_decode} is the HF engine's decode, but rollout.backend is "
+                             f"{self.backend}: set backend: hf, or leave hf_decode at dynamic")
         if self.max_staleness not in (0, 1):
             raise ValueError(f"rollout.max_staleness must be 0 (on-policy) or 1 (one step off-policy), got "
                              f"{self.max_staleness}: larger lags are not implemented")

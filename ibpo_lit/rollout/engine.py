@@ -7,9 +7,15 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Literal, Sequence
 
 from ibpo_lit.rollout.batch import RolloutBatch
+
+
+HFDecode = Literal["dynamic", "static"]
+"""The HF engine's decodes (``rollout.hf_decode``, ``HFRolloutEngine(decode=...)``): here, beside
+the engines' contract, which the config and the HF engine both import (the factory cannot be
+that home: it imports the HF engine, lazily, to build it)."""
 
 
 @dataclass

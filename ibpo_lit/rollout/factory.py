@@ -35,14 +35,11 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 from ibpo_lit.registry import Registry
 
 if TYPE_CHECKING:
-    from ibpo_lit.rollout.engine import RolloutEngine, SamplingConfig
+    from ibpo_lit.rollout.engine import HFDecode, RolloutEngine, SamplingConfig
     from ibpo_lit.rollout.vllm_engine import VLLMConfig
 
 Backend = Literal["hf", "vllm", "vllm_server"]
 """The names in ``ENGINES``, spelled out for the command line's type checks and ``--help``."""
-
-HFDecode = Literal["dynamic", "static"]
-"""The HF engine's decodes (``rollout.hf_decode``, ``HFRolloutEngine(decode=...)``)."""
 
 
 @dataclass(frozen=True)

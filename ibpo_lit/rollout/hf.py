@@ -82,8 +82,7 @@ from ibpo_lit.models.compile import eager
 from ibpo_lit.models.hf_compat import cache_kwargs, output_cache
 from ibpo_lit.rollout.batch import RolloutBatch
 from ibpo_lit.rollout.counter_rng import counter_uniforms, seed_keys
-from ibpo_lit.rollout.engine import RolloutEngine, SamplingConfig, check_generate_args
-from ibpo_lit.rollout.factory import HFDecode
+from ibpo_lit.rollout.engine import HFDecode, RolloutEngine, SamplingConfig, check_generate_args
 from ibpo_lit.scale.fsdp2 import fsdp_modules, gathered_weights
 
 DECODES = get_args(HFDecode)

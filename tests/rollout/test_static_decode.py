@@ -3,6 +3,8 @@ cache. Fed the same uniforms, the two decodes draw the same tokens (every sampli
 ending at different steps, chunks); a row depends only on (prompt, seed, weights); EOS and the
 length cut-off end rows as in dynamic; the log-probs are the trainer's on the returned tokens;
 the step compiles on the CPU into one graph that later calls reuse; the setting's validation."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -227,3 +229,22 @@ def test_a_sliding_window_model_is_refused():
     with pytest.raises(ValueError, match="full-attention caches only.*StaticSlidingWindowLayer.*decode='dynamic'"):
         HFRolloutEngine(model, [EOS], EOS, SamplingConfig(max_new_tokens=4), decode="static").generate(
             [[5, 6, 7]], n=1, seeds=[0])
+
+
+def test_a_fit_with_the_static_decode_trains_and_its_setting_is_checked(tmp_path):
+    """What a user runs: `fit` with rollout.hf_decode: static on the tiny config; the run's engine
+    decodes static, steps train, and the setting is refused with another backend."""
+    import sys
+
+    from ibpo_lit.__main__ import main
+    from ibpo_lit.config import RolloutConfig
+
+    with pytest.raises(ValueError, match="rollout.hf_decode: static is the HF engine's decode, but rollout.backend is vllm"):
+        RolloutConfig(backend="vllm", hf_decode="static")
+    sys.argv = sys.argv[:1]
+    tiny = str(Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml")
+    cli = main(["fit", "--config", tiny, "--trainer.max_steps", "2", "--trainer.default_root_dir", str(tmp_path),
+                "--trainer.enable_progress_bar", "false", "--trainer.logger", "false",
+                "--model.rollout.hf_decode", "static"])
+    assert cli.trainer.global_step == 2
+    assert cli.model.engine.decode == "static"
