@@ -24,8 +24,8 @@ its own):
 
 A case that cannot finish in the budget's time left (its estimate from what ran before) is
 skipped, and the JSON says why; the JSON is written after every case (and atomically), so a run
-cut off keeps what it measured. It records the project's commit (``IBPO_COMMIT`` where the
-checkout has no ``.git``), the device and the date; by default it is written to
+cut off keeps what it measured. It records the project's commit (``IBPO_COMMIT`` when set: the
+GPU machine's ``.git`` is stale; else ``git``'s), the device and the date; by default it is written to
 ``results/gpu_check/<device>_<date>.json``.
 
 Models are Qwen3s built in code with the real shapes and random weights (no download); MFU is
@@ -225,6 +225,11 @@ def stage0(args, budget: Budget, imports: dict) -> dict:
 
 
 def commit() -> dict:
+    """The project's commit: ``IBPO_COMMIT`` when set (the GPU machine's checkout carries a stale
+    ``.git``: the working tree travels, its history does not, so ``git rev-parse`` there named an
+    older commit than the code that ran), else ``git``'s, else "unknown"."""
+    if os.environ.get("IBPO_COMMIT"):
+        return {"git_commit": os.environ["IBPO_COMMIT"], "git_dirty": None}
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=20)
         dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, timeout=20)

