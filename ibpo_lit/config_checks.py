@@ -265,7 +265,8 @@ def plan_problems(model: Any, datamodule: Any, trainer: Any, settings: Any = Non
     config = model_config(model.model_name)
     if config is None or datamodule is None or not hasattr(datamodule, "prompts_per_step"):
         return []
-    problems = build_plan(ModelShape.from_config(config), RunShape.from_fit(model, datamodule, trainer), settings).problems()
+    shape = ModelShape.from_config(config, getattr(model, "attn_implementation", None))
+    problems = build_plan(shape, RunShape.from_fit(model, datamodule, trainer), settings).problems()
     if problems and not settings.check:
         from lightning.pytorch.utilities import rank_zero_warn
 

@@ -51,6 +51,7 @@ from ibpo_lit.data.lookahead import StepPrompts
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.data.val_benchmarks import VAL_SET_KEY
 from ibpo_lit.evaluation.metrics import avg_at_k, mean_pass_at_k
+from ibpo_lit.models.attention import check_attn_implementation
 from ibpo_lit.models.compile import compile_decoder_layers
 from ibpo_lit.models.hf_compat import enable_activation_checkpointing
 from ibpo_lit.models.lora import LoRAConfig, adapter_state, apply_lora
@@ -146,6 +147,12 @@ class IBPOModule(L.LightningModule):
             compilation; TRL's ``torch_compile``, verl's ``use_torch_compile``): the first steps
             pay the compilation, generation stays eager. Whether it pays depends on the device:
             docs/benchmarks.md (``scripts/bench_update.py``).
+        attn_implementation: The attention kernel of the trainer's policy and reference (and of
+            the HF engine, which decodes with the policy): transformers' ``attn_implementation``,
+            one of sdpa, eager, flex_attention, flash_attention_2/3/4 (installed separately);
+            unset, the model's default (SDPA). ``rollout.packing: auto`` packs under
+            flex_attention and flash-attention (docs/benchmarks.md#packed-forwards); the vLLM
+            engine keeps its own kernels. TRL's ``model_init_kwargs.attn_implementation``.
         lora: Train low-rank adapters instead of every weight (``peft``; TRL's ``peft_config``,
             verl's ``lora_rank``): only the adapters are trained, stepped and checkpointed; the
             KL reference is the base with the adapters off; the vLLM sync sends the merged
@@ -172,6 +179,7 @@ class IBPOModule(L.LightningModule):
         max_unscorable_steps: int = 3,
         gradient_checkpointing: bool = False,
         torch_compile: bool = False,
+        attn_implementation: Optional[str] = None,
         logprob_chunk_tokens: Optional[int] = 4096,
         lora: Optional[LoRAConfig] = None,
         rollout_correction: RolloutCorrectionConfig = RolloutCorrectionConfig(),  # noqa: B008
@@ -212,6 +220,8 @@ class IBPOModule(L.LightningModule):
         self.unscorable_streak = UnscorableStreak(max_unscorable_steps, [s.name for s in self.reward_specs])
         self.gradient_checkpointing = gradient_checkpointing
         self.torch_compile = torch_compile
+        check_attn_implementation(attn_implementation)  # a typo fails before any weights load
+        self.attn_implementation = attn_implementation
         if logprob_chunk_tokens is not None and logprob_chunk_tokens < 1:
             raise ValueError(f"logprob_chunk_tokens must be >= 1 or unset, got {logprob_chunk_tokens}")
         self.logprob_chunk_tokens = logprob_chunk_tokens
@@ -272,8 +282,10 @@ class IBPOModule(L.LightningModule):
 
     def _load_policy(self):
         if self._plan is not None:
-            return load_sharded_policy(self.model_name, self._plan, dtype=self.dtype_name, seed=self.rollout_cfg.seed)
-        return load_policy(self.model_name, dtype=self.dtype_name, seed=self.rollout_cfg.seed)
+            return load_sharded_policy(self.model_name, self._plan, dtype=self.dtype_name, seed=self.rollout_cfg.seed,
+                                       attn_implementation=self.attn_implementation)
+        return load_policy(self.model_name, dtype=self.dtype_name, seed=self.rollout_cfg.seed,
+                           attn_implementation=self.attn_implementation)
 
     @property
     def sync(self) -> RankSync:

@@ -14,6 +14,19 @@ BLOCK_ATTENTION = ("flex_attention",)
 DENSE_ATTENTION = ("sdpa", "eager")
 
 
+ATTENTION_SETTINGS = DENSE_ATTENTION + BLOCK_ATTENTION + VARLEN_ATTENTION
+"""What ``model.attn_implementation`` takes: the implementations whose packing rule is known
+(a custom or paged kernel might attend across packed rows)."""
+
+
+def check_attn_implementation(name: Optional[str]) -> None:
+    """A clear error for a ``model.attn_implementation`` outside `ATTENTION_SETTINGS`. Whether
+    the kernel is installed (flash-attn) transformers checks when the model loads."""
+    if name is not None and name not in ATTENTION_SETTINGS:
+        raise ValueError(f"model.attn_implementation must be one of {', '.join(ATTENTION_SETTINGS)} or unset "
+                         f"(the model's default, SDPA), got {name!r}")
+
+
 def attention_kind(implementation: Optional[str]) -> Optional[str]:
     """``"varlen"`` (flash-attention), ``"block"`` (flex attention's block mask), ``"dense"``
     (SDPA, eager: an N x N mask) or None (attention that would cross packed rows) for an

@@ -42,6 +42,7 @@ from transformers import (
 )
 
 from ibpo_lit.errors import ModelLoadError, ModelNotFoundError
+from ibpo_lit.models.attention import check_attn_implementation
 from ibpo_lit.models.smollm2 import SMOLLM2_NAME, fetch_smollm2
 from ibpo_lit.models.tiny import build_tiny_model, build_tiny_tokenizer
 
@@ -71,7 +72,7 @@ DROPOUT_FIELDS = (
 
 
 def load_policy(
-    name_or_path: str, dtype: str = "float32", seed: int = 0
+    name_or_path: str, dtype: str = "float32", seed: int = 0, attn_implementation: Optional[str] = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model and tokenizer named by ``name_or_path``.
 
@@ -81,13 +82,15 @@ def load_policy(
             id.
         dtype: Parameter dtype: ``float32``, ``bfloat16`` or ``float16``.
         seed: Weight seed of built-in models (ignored for pretrained ones).
+        attn_implementation: transformers' attention implementation (``model.attn_implementation``);
+            None keeps the model's default (SDPA).
 
     Returns:
         ``(model, tokenizer)``; the model has dropout disabled, the tokenizer a pad token.
     """
     torch_dtype = _torch_dtype(dtype)
     if name_or_path in BUILTIN_MODELS:
-        return build_builtin_model(name_or_path, dtype, seed), build_tiny_tokenizer()
+        return set_attention(build_builtin_model(name_or_path, dtype, seed), attn_implementation), build_tiny_tokenizer()
 
     source = resolve_model_path(name_or_path)
     with _hub_errors(source):
@@ -95,6 +98,7 @@ def load_policy(
         config = AutoConfig.from_pretrained(source)
         disable_dropout(config)
         model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=torch_dtype)
+    set_attention(model, attn_implementation)
     disable_dropout(model)
     _ensure_pad_token(tokenizer)
     if model.config.pad_token_id is None:
@@ -112,18 +116,18 @@ def build_builtin_model(name: str, dtype: str = "float32", seed: int = 0) -> Pre
 
 
 def load_sharded_policy(
-    name_or_path: str, plan, dtype: str = "float32", seed: int = 0
+    name_or_path: str, plan, dtype: str = "float32", seed: int = 0, attn_implementation: Optional[str] = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """``load_policy``'s model and tokenizer, sharded with FSDP2 by ``plan``
     (``ibpo_lit.scale.fsdp2.FSDP2Plan``) without a full copy of the weights on any rank but
-    global rank 0 (which reads them once)."""
+    global rank 0 (which reads them once); its attention set before sharding."""
     from ibpo_lit.scale.fsdp2 import build_sharded
 
     torch_dtype = _torch_dtype(dtype)
     if name_or_path in BUILTIN_MODELS:
 
         def build_meta() -> PreTrainedModel:
-            return BUILTIN_MODELS[name_or_path](seed).to(torch_dtype)
+            return set_attention(BUILTIN_MODELS[name_or_path](seed).to(torch_dtype), attn_implementation)
 
         def full_state_dict() -> dict[str, torch.Tensor]:
             return build_builtin_model(name_or_path, dtype, seed).state_dict()
@@ -138,7 +142,7 @@ def load_sharded_policy(
     disable_dropout(config)
 
     def build_meta() -> PreTrainedModel:
-        return AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+        return set_attention(AutoModelForCausalLM.from_config(config, dtype=torch_dtype), attn_implementation)
 
     def full_state_dict() -> dict[str, torch.Tensor]:
         with _hub_errors(source):
@@ -150,6 +154,15 @@ def load_sharded_policy(
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+def set_attention(model: PreTrainedModel, attn_implementation: Optional[str]) -> PreTrainedModel:
+    """``model`` with ``attn_implementation`` (None: unchanged), set through transformers
+    (``set_attn_implementation``), which refuses a kernel that is not installed."""
+    if attn_implementation is not None:
+        check_attn_implementation(attn_implementation)
+        model.set_attn_implementation(attn_implementation)
+    return model
 
 
 def model_config(name_or_path: str):

@@ -64,4 +64,4 @@ def plan_for_config(argv: list[str]):
         raise ConfigError(f"model.model: {cli.model.model_name}'s config cannot be read offline (not downloaded, "
                           "not a local folder): download it once (or fetch a built-in model) and run the plan again")
     run = RunShape.from_fit(cli.model, cli.datamodule, cli.trainer)
-    return build_plan(ModelShape.from_config(config), run, cli.config_init["plan"])
+    return build_plan(ModelShape.from_config(config, cli.model.attn_implementation), run, cli.config_init["plan"])

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,9 @@ class ModelShape:
         return self.q_width // max(self.head_dim, 1)
 
     @classmethod
-    def from_config(cls, config: Any) -> "ModelShape":
+    def from_config(cls, config: Any, attention: Optional[str] = None) -> "ModelShape":
+        """The shape of ``config``'s model; ``attention``: the run's ``model.attn_implementation``
+        over the config's own (unset: the config's, else SDPA)."""
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -103,8 +105,8 @@ class ModelShape:
             qk_norm=any(".q_norm." in name for name, _ in model.named_parameters()),
             vocab=text.vocab_size,
             context=context if isinstance(context, int) else None,
-            attention=getattr(text, "_attn_implementation", None) or getattr(config, "_attn_implementation", None)
-            or "sdpa",
+            attention=attention or getattr(text, "_attn_implementation", None)
+            or getattr(config, "_attn_implementation", None) or "sdpa",
         )
 
     def layer_activation_bytes(self, compute_bytes: int) -> float:

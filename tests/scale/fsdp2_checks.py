@@ -43,6 +43,11 @@ def main(out_dir: str) -> None:
         # what ComputeBudgetStopper counts as N: DTensor.numel() is the global size
         out[f"load_{dtype}_numel_seen"] = sum(p.numel() for p in model.parameters())
 
+    # model.attn_implementation reaches the meta build that FSDP2 shards
+    eager, _ = load_sharded_policy("tiny-qwen3", FSDP2Plan(mesh=mesh), seed=3, attn_implementation="eager")
+    out["load_eager_attention"] = eager.config._attn_implementation
+    del eager
+
     model, tokenizer = load_sharded_policy("tiny-qwen3", FSDP2Plan(mesh=mesh), seed=3)
     reference = build_builtin_model("tiny-qwen3", seed=3)
 

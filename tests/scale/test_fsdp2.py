@@ -31,6 +31,7 @@ def test_sharded_loading_gives_the_reference_weights(checks):
             assert rank[f"load_{dtype}_local_numel"] <= 0.6 * rank[f"load_{dtype}_full_numel"]
             # the compute budget's N is the whole model's on every rank
             assert rank[f"load_{dtype}_numel_seen"] == rank[f"load_{dtype}_full_numel"]
+        assert rank["load_eager_attention"] == "eager"  # model.attn_implementation, set before sharding
 
 
 @pytest.mark.slow
