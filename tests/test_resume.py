@@ -138,15 +138,19 @@ def _assert_same_tensors(a, b, where: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runs", ["tiny", "tools", "packed"])
+@pytest.mark.parametrize("runs", ["tiny", "tools", "packed", "static_decode"])
 def test_sigkill_then_resume_equals_a_straight_run(tmp_path, runs, request):
     """``tools``: configs/tiny_tools.yaml on tiny-llama taught to write cells (tests/conftest.py):
     the rollouts' cells run in the sandbox, and a resumed run replays them to the same bits.
     ``packed``: ``rollout.packing: on`` (SDPA's block-diagonal mask on the CPU) under a token
-    budget that cuts each update into several packed micro-batches."""
+    budget that cuts each update into several packed micro-batches. ``static_decode``: the HF
+    engine's static-cache decode (``rollout.hf_decode: static``), whose per-row uniforms come
+    from Philox on (seed, step) rather than from a generator's state."""
     config, more = TINY, ()
     if runs == "packed":
         more = ("--model.rollout.packing", "on", "--model.rollout.micro_batch_tokens", "128")
+    if runs == "static_decode":
+        more = ("--model.rollout.hf_decode", "static")
     if runs == "tools":
         config, more = str(REPO / "configs" / "tiny_tools.yaml"), ("--model.model", str(request.getfixturevalue(
             "taught_tool_policy")))
