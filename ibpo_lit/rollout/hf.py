@@ -249,16 +249,7 @@ class HFRolloutEngine(RolloutEngine):
             logits = out.logits[:, -1, :].float()  # [A, V]
             next_position = next_position + 1
 
-        return RolloutBatch(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            response_ids=tokens[:, :width],
-            response_mask=masks[:, :width],
-            rollout_logp=logps[:, :width],
-            group_index=torch.zeros(num_rows, dtype=torch.long, device=device),  # set by caller
-            seeds=torch.tensor(seeds, dtype=torch.long, device=device),
-            finished=done,
-        )
+        return _rows_batch(prompt_ids, prompt_mask, tokens, masks, logps, done, seeds, width=width)
 
     def _dynamic_uniforms(self, generators: list[torch.Generator], active: Tensor, step: int) -> Tensor:
         """The dynamic decode's uniforms at ``step`` for the rows ``active``: one draw from each
@@ -323,16 +314,7 @@ class HFRolloutEngine(RolloutEngine):
                 break
         width = int(masks.any(dim=0).sum())  # every row decodes step 0, and a row's mask is a prefix
 
-        return RolloutBatch(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            response_ids=tokens[:, :width],
-            response_mask=masks[:, :width],
-            rollout_logp=logps[:, :width],
-            group_index=torch.zeros(num_rows, dtype=torch.long, device=device),  # set by caller
-            seeds=torch.tensor(seeds, dtype=torch.long, device=device),
-            finished=done,
-        )
+        return _rows_batch(prompt_ids, prompt_mask, tokens, masks, logps, done, seeds, width=width)
 
     def compiles_step(self, device: torch.device) -> bool:
         """Whether the static decode compiles its step on ``device``: ``compile_step``, or when
@@ -393,6 +375,24 @@ class HFRolloutEngine(RolloutEngine):
             ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             mask[row, width - len(prompt) :] = True
         return ids.to(device), mask.to(device)
+
+
+def _rows_batch(prompt_ids: Tensor, prompt_mask: Tensor, tokens: Tensor, masks: Tensor, logps: Tensor,
+                finished: Tensor, seeds: list[int], width: int) -> RolloutBatch:
+    """One batch of decoded rows as a ``RolloutBatch``, the same for both decodes: the first
+    ``width`` columns (those some row decoded) of the response buffers ``tokens``, ``masks`` and
+    ``logps`` [B, max_new], each row's seed, and ``group_index`` zeros (``generate`` sets it)."""
+    device = tokens.device
+    return RolloutBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=tokens[:, :width],
+        response_mask=masks[:, :width],
+        rollout_logp=logps[:, :width],
+        group_index=torch.zeros(tokens.shape[0], dtype=torch.long, device=device),  # set by the caller
+        seeds=torch.tensor(seeds, dtype=torch.long, device=device),
+        finished=finished,
+    )
 
 
 def _draw(logits: Tensor, u: Tensor, temperature: float, warpers: LogitsProcessorList,

@@ -1,35 +1,14 @@
 """HFRolloutEngine on the tiny model: layout, seeding, log-probs, stopping, filtering,
-repetition penalty."""
+repetition penalty. The tiny model, its tokenizer, the prompts and the logit bias: conftest.py."""
 import math
 
 import pytest
 import torch
 
-from ibpo_lit.models import build_tiny_model, build_tiny_tokenizer
 from ibpo_lit.rollout import HFRolloutEngine, SamplingConfig
 from ibpo_lit.rollout import hf as hf_engine
 
 EOS = 2  # <|im_end|>, also the pad id
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model():
-    return build_tiny_model(seed=0)
-
-
-@pytest.fixture(scope="module")
-def prompts(tokenizer):
-    texts = ["hi", "what is 12 + 30?", "a much longer prompt, so the others get left padding"]
-    chats = [[{"role": "user", "content": t}] for t in texts]
-    # tokenize=False then encode: transformers 4 returns a list from a tokenizing
-    # apply_chat_template and 5 a BatchEncoding; the text is the same in both.
-    texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
-    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
 def engine(model, max_new_tokens=16, eos=(EOS,), **sampling):
@@ -128,15 +107,10 @@ def test_top_k_1_is_greedy(model, prompts):
             assert batch.response_lists()[2 * p + 1] == greedy  # seed does not matter
 
 
-def test_eos_ends_a_row_and_is_kept(model, prompts):
+def test_eos_ends_a_row_and_is_kept(model, prompts, logit_bias):
     # Make <|im_end|> likely (p ~ 0.17 per step) so rows stop at different steps.
-    bias = torch.zeros(model.config.vocab_size)
-    bias[EOS] = 3.0
-    handle = model.lm_head.register_forward_hook(lambda module, args, out: out + bias)
-    try:
+    with logit_bias(EOS, 3.0):
         batch = engine(model, max_new_tokens=12).generate(prompts, n=6, seeds=range(18))
-    finally:
-        handle.remove()
     lengths = batch.response_lengths
     assert batch.finished.any() and not batch.finished.all()
     for row, response in enumerate(batch.response_lists()):

@@ -2,7 +2,8 @@
 cache. Fed the same uniforms, the two decodes draw the same tokens (every sampling setting, rows
 ending at different steps, chunks); a row depends only on (prompt, seed, weights); EOS and the
 length cut-off end rows as in dynamic; the log-probs are the trainer's on the returned tokens;
-the step compiles on the CPU into one graph that later calls reuse; the setting's validation."""
+the step compiles on the CPU into one graph that later calls reuse; the setting's validation.
+The tiny model, its tokenizer, the prompts and the logit bias: conftest.py."""
 from pathlib import Path
 
 import pytest
@@ -15,32 +16,11 @@ from ibpo_lit.rollout.counter_rng import counter_uniforms, seed_keys
 EOS = 2  # <|im_end|>, also the pad id
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tiny_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model():
-    return build_tiny_model(seed=0)
-
-
-@pytest.fixture(scope="module")
-def prompts(tokenizer):
-    texts = ["hi", "what is 12 + 30?", "a much longer prompt, so the others get left padding"]
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
-             for t in texts]
-    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-
-
 @pytest.fixture
-def likely_eos(model):
+def likely_eos(logit_bias):
     """<|im_end|> made likely (p ~ 0.17 a step), so rows end at different steps."""
-    bias = torch.zeros(model.config.vocab_size)
-    bias[EOS] = 3.0
-    handle = model.lm_head.register_forward_hook(lambda module, args, out: out + bias)
-    yield
-    handle.remove()
+    with logit_bias(EOS, 3.0):
+        yield
 
 
 class CounterUniformsDynamic(HFRolloutEngine):
@@ -132,15 +112,10 @@ def test_eos_ends_a_row_kept_and_finished_the_cut_off_is_not(model, prompts, lik
     assert (batch.response_ids[~mask] == EOS).all() and (batch.rollout_logp[~mask] == 0).all()
 
 
-def test_every_row_ending_early_ends_the_call_early(model, prompts):
+def test_every_row_ending_early_ends_the_call_early(model, prompts, logit_bias):
     """All rows end at their first token: the response is one token wide whatever the budget."""
-    bias = torch.zeros(model.config.vocab_size)
-    bias[EOS] = 100.0
-    handle = model.lm_head.register_forward_hook(lambda module, args, out: out + bias)
-    try:
+    with logit_bias(EOS, 100.0):
         batch = static(model, max_new_tokens=40).generate(prompts, n=2, seeds=range(6))
-    finally:
-        handle.remove()
     assert batch.response_lists() == [[EOS]] * 6 and batch.finished.all()
 
 
