@@ -21,6 +21,17 @@ no padding), at temperature 1 with no top-k/top-p/min-p:
   ``_compile_all_devices`` set on the config, which this script does on the CPU only);
   ``CompileConfig``'s defaults are ``mode="reduce-overhead"`` (CUDA graphs), ``fullgraph=False``;
 * ``transformers_dynamic``: ``model.generate(...)`` with its default dynamic cache, eager.
+* ``floor_weight_matmuls`` and ``floor_weight_reads`` (only when named in ``--arms``): not
+  decodes but two lower bounds of any decode of this model on this device, by the work no step can
+  skip (`floor_arm`): each step's weight matmuls at the batch's shape, alone; each weight matrix
+  read once. A decode arm's ``s_per_step`` over a floor's says how far it is from that bound; a
+  floor's ``speed_vs_hf_engine`` is the engine's seconds over the floor's. Issue 45 item 4 asks
+  whether 3x TRL per step is within reach on a 2-core CPU: these say what the decode cannot go
+  below there (docs/benchmarks.md, "The same rows as TRL")::
+
+      python scripts/bench_decode.py --device cpu --shape smollm2-135m-like --batch 16 \\
+          --prompt-tokens 47 --max-new-tokens 128 --budget-s 900 --out-dir results/bench_decode \\
+          --arms hf_engine transformers_dynamic floor_weight_matmuls floor_weight_reads
 
 The transformers arms sample from the global generator (re-seeded before each call) and return
 tokens only: no per-row seeds, no log-probs. Every row generates exactly ``--max-new-tokens``
@@ -86,7 +97,7 @@ def parse_args(argv):
     p.add_argument("--max-new-tokens", type=int, default=256, help="tokens every row generates")
     p.add_argument("--warmup", type=int, default=1, help="untimed calls an arm")
     p.add_argument("--repeats", type=int, default=3, help="timed calls an arm (their median is reported)")
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
     p.add_argument("--compile-allowance-s", type=float, default=60.0,
                    help="what a compiled arm's warm-up (hf_engine_static, transformers_static_compiled) may add "
                         "to its estimate (compilation, CUDA graphs)")
@@ -163,12 +174,46 @@ def generate_arm(static: bool):
     return build
 
 
+def floor_arm(what: str):
+    def build(model, prompts, args):
+        """Not a decode: a lower bound of every decode of this model on this device, by the work no
+        decode step can skip. Each call runs ``--max-new-tokens`` steps; a step is, for every weight
+        matrix the decoding step multiplies (the ``nn.Linear`` modules: each layer's seven
+        projections and the vocabulary head),
+        ``matmuls``: ``F.linear`` of a [batch, in] activation with it, the forward's own op at the
+        decode's shapes, and nothing else (no attention over the cache, norms, rotary, sampling,
+        no prefill); ``reads``: the matrix read once (a sum), the memory traffic of a step whose
+        weights do not fit the caches. Counted as the batch x steps token slots it stands for."""
+        import torch
+        import torch.nn.functional as F
+
+        weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        steps, batch = args.max_new_tokens, prompts.shape[0]
+        inputs = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+
+        def call():
+            with torch.no_grad():
+                for _ in range(steps):
+                    for w in weights:
+                        F.linear(inputs[w.shape[1]], w) if what == "matmuls" else w.sum()
+            return torch.zeros(batch, steps, dtype=torch.long), batch * steps
+
+        return call, {"floor": what, "weight_matrices": len(weights),
+                      "weight_bytes": sum(w.numel() * w.element_size() for w in weights),
+                      "per_row_seeds": False, "log_probs": False}
+
+    return build
+
+
 ARMS = {
     "hf_engine": hf_engine_arm("dynamic"),
     "hf_engine_static": hf_engine_arm("static"),
     "transformers_static_compiled": generate_arm(static=True),
     "transformers_dynamic": generate_arm(static=False),
+    "floor_weight_matmuls": floor_arm("matmuls"),
+    "floor_weight_reads": floor_arm("reads"),
 }
+DEFAULT_ARMS = [name for name in ARMS if not name.startswith("floor_")]  # the floors on request
 
 
 def compile_counts() -> dict[str, int]:
@@ -285,6 +330,7 @@ def run_arm(name: str, model, prompts, args, budget: Budget, record: Record, slo
             warmup_s=[w[0] for w in warmup], warmup_total_s=sum(w[0] for w in warmup),
             seconds=seconds, median_s=median, tokens_per_call=tokens, all_calls_full=all(c == expected for c in tokens),
             tokens_per_s=statistics.median(r[1] for r in runs) / median,
+            s_per_step=median / args.max_new_tokens,  # prefill included in the decodes' (not in a floor's)
             token_crcs=[r[2] for r in warmup + runs],
             compile_warmup=compile_warmup, compile_timed=since(counts),
             # transformers' compiled generate keeps its compiled forward on the model

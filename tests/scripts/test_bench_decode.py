@@ -109,3 +109,34 @@ def test_a_spent_budget_cuts_the_timed_calls_and_skips_the_next_arm(bench, tmp_p
     assert engine["status"] == "ran" and len(engine["seconds"]) == 1 and engine["repeats_cut"].startswith("1 of 2")
     check_full(engine)
     assert dynamic["status"] == "skipped" and "left" in dynamic["reason"]
+
+
+def test_the_floors_run_every_weight_matrix_once_a_step_and_only_when_asked(bench, tmp_path, monkeypatch):
+    """The floor arms stand for batch x steps token slots, touch each of the model's weight
+    matrices (7 a layer and the head: 2 layers in the tiny shape) once a step, and are left out of
+    the default arms (they are bounds, not decodes)."""
+    import torch
+    import torch.nn.functional as F
+
+    assert not any(name.startswith("floor_") for name in bench.DEFAULT_ARMS)
+    assert bench.parse_args(TINY).arms == bench.DEFAULT_ARMS
+    shapes = []
+    real_linear = F.linear
+    monkeypatch.setattr(F, "linear", lambda x, w, *a: shapes.append((tuple(x.shape), tuple(w.shape))) or real_linear(x, w, *a))
+    data = bench.main([*TINY, "--arms", "hf_engine", "floor_weight_matmuls", "floor_weight_reads",
+                       "--warmup", "0", "--out-dir", str(tmp_path)])
+    assert data["failed"] == [] and data["skipped"] == []
+    cases = {c["name"]: c for c in data["cases"]}
+    matmuls, reads = cases["floor_weight_matmuls"], cases["floor_weight_reads"]
+    for case in (matmuls, reads):
+        check_full(case)
+        assert case["weight_matrices"] == 7 * 2 + 1
+        assert case["s_per_step"] == pytest.approx(case["median_s"] / NEW)
+        assert case["speed_vs_hf_engine"] == pytest.approx(cases["hf_engine"]["median_s"] / case["median_s"])
+    head = (1000, 64)  # the tiny shape's vocabulary x hidden size
+    # the matmul floor's own F.linear calls: each [BATCH, in] activation with each weight, every step
+    floor_calls = [s for s in shapes if s[0][0] == BATCH and len(s[0]) == 2]
+    assert len(floor_calls) == 2 * NEW * (7 * 2 + 1)  # 2 timed calls, NEW steps, every matrix once
+    assert floor_calls.count(((BATCH, 64), head)) == 2 * NEW
+    assert matmuls["weight_bytes"] == reads["weight_bytes"] == 4 * sum(
+        m.weight.numel() for m in bench.build(bench.parse_args(TINY))[0].modules() if isinstance(m, torch.nn.Linear))
