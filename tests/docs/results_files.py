@@ -18,6 +18,7 @@ from quote_checks import REPO
 
 RESULTS = REPO / "results"
 POWER, POWER2, STRICT, CIW = "compare_smollm2_power", "compare_smollm2_power2", "compare_smollm2_strict", "compare_ciw"
+LAMBDA = "lambda_shaping"  # issue 46 item 3: lambda_0.6 against lambda_0, the problem stream varied by seed
 # Where each number comes from, as the failure messages name it.
 S_P2 = f"results/{POWER2}/summary.json"
 S_P = f"results/{POWER}/summary.json"
@@ -31,6 +32,7 @@ S_CR = "results/correction_regime/arith*.json"
 S_QS = "results/quickstart_precision/native_auto.log"
 S_PRE = "results/pre_fix/*/summary.json"
 S_CIW = f"results/{CIW}/summary.json"
+S_LAM = f"results/{LAMBDA}/summary.json"
 # The sections of docs/results.md and docs/benchmarks.md the quotes lie in.
 KNOWN = "What is known, what is not, and why"
 QUICK = "The quick-start run (SmolLM2-135M on the CPU)"
@@ -41,6 +43,7 @@ POWER2_SEC = "Second sample: seeds 3 and up, the budget without diagnostic forwa
 VAR = "Policy-gradient variance at a fixed policy"
 TABLES = "The papers' tables (`scripts/report.py`)"
 CIW_SEC = "CIW on SmolLM2"
+LAMBDA_SEC = "Shaping alone on SmolLM2: lambda = 0 against 0.6 (pre-registered)"
 BOTH = ("untrained", "gspo_checkpoint")
 SPEED = "Speed against TRL"
 
@@ -523,3 +526,21 @@ def fact_rejects(contrast: str = "", setting: str = "", endpoint: str = "") -> i
 def fact_estimates(contrast: str, endpoint: str, rejected: bool = True) -> list[float]:
     """The estimates of the contrast's tests of one endpoint that reject (or all of them)."""
     return [r["estimate"] for r in fact_rows(contrast, endpoint=endpoint) if r["reject"] or not rejected]
+
+
+def lambda_diff() -> tuple[float, float, float, int]:
+    """The lambda experiment's primary endpoint: ``lambda_0.6 - lambda_0`` on the final
+    evaluation, paired by seed and problem (see ``final_eval_diff``), t over the seeds."""
+    return paired(LAMBDA, "lambda_0.6", "lambda_0", "final_eval")
+
+
+def lambda_seed_diffs() -> list[float]:
+    zero = {r["seed"]: r["final_eval"] for r in arm_runs(LAMBDA, "lambda_0")}
+    return [r["final_eval"] - zero[r["seed"]] for r in arm_runs(LAMBDA, "lambda_0.6")]
+
+
+def lambda_gain(arm: str) -> tuple[float, float, float]:
+    """An arm's final evaluation over the untrained model's (``baseline_eval``), t over the seeds."""
+    from ibpo_lit.evaluation.bootstrap import t_interval
+
+    return t_interval([r["final_eval"] - r["baseline_eval"] for r in arm_runs(LAMBDA, arm)])
