@@ -110,9 +110,25 @@ README_QUOTES = [
                    result_json("bench_sandbox/sandbox.json")["cost_ratio"],
                    result_json("bench_sandbox/sandbox.json")["workers"]],
           "results/bench_sandbox/sandbox.json", "Results"),
+    # the arms' lambdas and G are settings (the arms' names; configs/smollm2_135m_cpu.yaml), not measurements
+    Quote(README, "lambda = 0.6 minus lambda = 0 at G = 8, both arms training on the corrections, {} steps, seeds "
+                  "{}-{} each with its own training "
+                  "problems: {} [{}, {}] on {} held-out problems x {} (paired t, n = {}, conditional on those {} "
+                  "problems); both arms gain {} to {} over the untrained model",
+          lambda: [one({r["steps"] for r in comparison(LAMBDA)}), min(r["seed"] for r in comparison(LAMBDA)),
+                   max(r["seed"] for r in comparison(LAMBDA)), *lambda_diff()[:3],
+                   one({r["final_eval_problems"] for r in comparison(LAMBDA)}),
+                   one({r["final_eval_k"] for r in comparison(LAMBDA)}), lambda_diff()[3],
+                   one({r["final_eval_problems"] for r in comparison(LAMBDA)}),
+                   *sorted(lambda_gain(a)[0] for a in ("lambda_0", "lambda_0.6"))], S_LAM, "Results"),
 ]
 
 README_CLAIMS = [
+    Claim(README, "Shaping alone on SmolLM2, pre-registered: not resolved.",
+          lambda: lambda_diff()[1] < 0 < lambda_diff()[2], S_LAM, "Results"),
+    Claim(README, "except in the lambda experiment, trained on one problem stream",  # its seeds drew their own
+          lambda: all(r["problem_seed"] == r["seed"] for r in comparison(LAMBDA))
+          and len({r["seed"] for r in comparison(LAMBDA)}) > 1, S_LAM, "Results"),
     Claim(README, "which excludes 0", lambda: paired(POWER2, "ibpo_plain", "gspo_large_group")[2] < 0, S_P2, "Results"),
     Claim(README, "the same last checkpoints",  # the last validation is at the last step
           lambda: all(r["series"]["val/accuracy"][-1][0] == r["steps"] - 1 for r in comparison(POWER2)), S_P2, "Results"),
@@ -262,6 +278,65 @@ BENCH_QUOTES += [
           ", ".join(UPDATE_RUNS_MB4), UPDATE_MD),
     *[Quote(BENCH_MD, f"| {t} | {{}} s | **{{}} s** ({{}}x) | {{}} s ({{}}x) |", lambda t=t: _packing_row(t)[1:],
             f"results/bench_packing/cpu_xeon16_smollm2-135m-like_t{t}.json", PACKING_MD) for t in (2, 16)],
+]
+
+FLOORS = "bench_decode/cpu_2026-11-27_floors.json"
+FLOORS_MD = "How far the decode is from its floors"  # its section of docs/benchmarks.md
+
+
+def _floors():
+    """scripts/bench_decode.py's CPU run with the floor arms: its cases by name, and its JSON."""
+    run = result_json(FLOORS)
+    return {c["name"]: c for c in run["cases"] if c["status"] == "ran"}, run
+
+
+def _floor_row(name):
+    cases, _ = _floors()
+    case, floor = cases[name], cases["floor_weight_matmuls"]
+    return [case["median_s"], case["s_per_step"], case["s_per_step"] / floor["s_per_step"]]
+
+
+def _three_x_bound():
+    """The same-rows run's step if its rollout phase shrank by the engine's ratio to its matmul
+    floor, then with the update also at that run's matmul peak (6N per trained token, the timed
+    steps' mean), each with its ratio to TRL's step: [ratio, s, ratio, trl s, ibpo s, rollout s,
+    update s, s, ratio, update-floor s, trained tokens, s, ratio]."""
+    cases, _ = _floors()
+    ratio = cases["hf_engine"]["median_s"] / cases["floor_weight_matmuls"]["median_s"]
+    run = run_of(SAME_ROWS)
+    rows = {r["arm"]: r for r in run["rows"]}
+    ibpo, trl = rows["ibpo-hf"], rows["trl"]
+    arm = next(a for a in run["arms"] if a["arm"] == "ibpo-hf")
+    timed = arm["records"][run["settings"]["warmup"]:]
+    tokens = statistics.fmean(r["trained_tokens"] for r in timed)
+    update_floor = 6 * arm["n_params"] * tokens / run["peak_flops"]["fp32"]
+    first = ibpo["generate_s"] / ratio + ibpo["update_s"]
+    second = ibpo["generate_s"] / ratio + update_floor
+    return [trl["s_per_step"], ibpo["s_per_step"], ibpo["generate_s"], ibpo["update_s"], ratio, first,
+            trl["s_per_step"] / first, update_floor, tokens, second, trl["s_per_step"] / second]
+
+
+BENCH_QUOTES += [
+    *[Quote(BENCH_MD, f"| {label} | {{}} | {{}} | {{}}x |", lambda n=name: _floor_row(n), f"results/{FLOORS}", FLOORS_MD)
+      for label, name in (("HF engine (dynamic decode)", "hf_engine"),
+                          ("transformers' `generate` (dynamic cache, eager)", "transformers_dynamic"),
+                          ("floor: the step's weight matmuls alone", "floor_weight_matmuls"),
+                          ("floor: each weight matrix read once", "floor_weight_reads"))],
+    Quote(BENCH_MD, "16 rows x 47 prompt + 128 new tokens, every row decoding all 128, medians of {} calls",
+          lambda: [one({len(c["seconds"]) for c in _floors()[0].values()})], f"results/{FLOORS}", FLOORS_MD),
+    Quote(BENCH_MD, "The weight matmuls with 16 rows run at {} GFLOP/s, {}% of the run's own matmul probe ({} "
+                    "GFLOP/s), and reading the weights takes a fifth of their time",
+          lambda: [(g := 2 * _floors()[0]["floor_weight_matmuls"]["weight_bytes"] / 4 * 16
+                    / _floors()[0]["floor_weight_matmuls"]["s_per_step"] / 1e9),
+                   100 * g / (1e3 * _floors()[1]["stage0"]["matmul_tflops"]), 1e3 * _floors()[1]["stage0"]["matmul_tflops"]],
+          f"results/{FLOORS}", FLOORS_MD),
+    Quote(BENCH_MD, "The engine's step is {}x its matmul floor: {}% of it is the rest",
+          lambda: [_floor_row("hf_engine")[2], 100 * (1 - 1 / _floor_row("hf_engine")[2])], f"results/{FLOORS}", FLOORS_MD),
+    Quote(BENCH_MD, "TRL {} s a step; ibpo-lit {}, of which rollout {} and update {}. If the whole rollout phase "
+                    "shrank by the {}x, as if every decoding step cost only its weight matmuls (no real decode does), "
+                    "the step would be {} s, {}x TRL's. If the update also ran at the bench run's matmul peak (6N per "
+                    "trained token: {} s for the {} tokens a step), {} s, {}x.",
+          _three_x_bound, f"results/{FLOORS}, results/bench_throughput/{SAME_ROWS}", FLOORS_MD),
 ]
 
 BENCH_CLAIMS = [
