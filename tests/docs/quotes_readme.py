@@ -334,7 +334,7 @@ BENCH_QUOTES += [
           lambda: [_floor_row("hf_engine")[2], 100 * (1 - 1 / _floor_row("hf_engine")[2])], f"results/{FLOORS}", FLOORS_MD),
     Quote(BENCH_MD, "TRL {} s a step; ibpo-lit {}, of which rollout {} and update {}. If the whole rollout phase "
                     "shrank by the {}x, as if every decoding step cost only its weight matmuls (no real decode does), "
-                    "the step would be {} s, {}x TRL's. If the update also ran at the bench run's matmul peak (6N per "
+                    "the step would be {} s, {}x TRL's. If the update also ran at that run's matmul peak (6N per "
                     "trained token: {} s for the {} tokens a step), {} s, {}x.",
           _three_x_bound, f"results/{FLOORS}, results/bench_throughput/{SAME_ROWS}", FLOORS_MD),
 ]
