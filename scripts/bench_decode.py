@@ -27,7 +27,7 @@ no padding), at temperature 1 with no top-k/top-p/min-p:
   read once. A decode arm's ``s_per_step`` over a floor's says how far it is from that bound; a
   floor's ``speed_vs_hf_engine`` is the engine's seconds over the floor's. Issue 45 item 4 asks
   whether 3x TRL per step is within reach on a 2-core CPU: these say what the decode cannot go
-  below there (docs/benchmarks.md, "The same rows as TRL")::
+  below there (docs/benchmarks.md, "How far the decode is from its floors")::
 
       python scripts/bench_decode.py --device cpu --shape smollm2-135m-like --batch 16 \\
           --prompt-tokens 47 --max-new-tokens 128 --budget-s 900 --out-dir results/bench_decode \\

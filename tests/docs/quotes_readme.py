@@ -296,11 +296,19 @@ def _floor_row(name):
     return [case["median_s"], case["s_per_step"], case["s_per_step"] / floor["s_per_step"]]
 
 
+def _floor_gflops():
+    """The matmul floor's FLOP/s in GFLOP/s (2 FLOPs per fp32 weight and row a step) and the run's
+    matmul probe's."""
+    cases, run = _floors()
+    floor = cases["floor_weight_matmuls"]
+    return 2 * floor["weight_bytes"] / 4 * 16 / floor["s_per_step"] / 1e9, 1e3 * run["stage0"]["matmul_tflops"]
+
+
 def _three_x_bound():
     """The same-rows run's step if its rollout phase shrank by the engine's ratio to its matmul
     floor, then with the update also at that run's matmul peak (6N per trained token, the timed
-    steps' mean), each with its ratio to TRL's step: [ratio, s, ratio, trl s, ibpo s, rollout s,
-    update s, s, ratio, update-floor s, trained tokens, s, ratio]."""
+    steps' mean), each with its ratio to TRL's step: [TRL s, ibpo-lit s, rollout s, update s, the
+    engine's ratio to its floor, s, ratio, the update's floor s, trained tokens, s, ratio]."""
     cases, _ = _floors()
     ratio = cases["hf_engine"]["median_s"] / cases["floor_weight_matmuls"]["median_s"]
     run = run_of(SAME_ROWS)
@@ -326,9 +334,7 @@ BENCH_QUOTES += [
           lambda: [one({len(c["seconds"]) for c in _floors()[0].values()})], f"results/{FLOORS}", FLOORS_MD),
     Quote(BENCH_MD, "The weight matmuls with 16 rows run at {} GFLOP/s, {}% of the run's own matmul probe ({} "
                     "GFLOP/s), and reading the weights takes a fifth of their time",
-          lambda: [(g := 2 * _floors()[0]["floor_weight_matmuls"]["weight_bytes"] / 4 * 16
-                    / _floors()[0]["floor_weight_matmuls"]["s_per_step"] / 1e9),
-                   100 * g / (1e3 * _floors()[1]["stage0"]["matmul_tflops"]), 1e3 * _floors()[1]["stage0"]["matmul_tflops"]],
+          lambda: [_floor_gflops()[0], 100 * _floor_gflops()[0] / _floor_gflops()[1], _floor_gflops()[1]],
           f"results/{FLOORS}", FLOORS_MD),
     Quote(BENCH_MD, "The engine's step is {}x its matmul floor: {}% of it is the rest",
           lambda: [_floor_row("hf_engine")[2], 100 * (1 - 1 / _floor_row("hf_engine")[2])], f"results/{FLOORS}", FLOORS_MD),

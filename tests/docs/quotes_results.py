@@ -478,11 +478,12 @@ RESULTS_SECTION_QUOTES = [
 
 RESULTS_SECTION_QUOTES += [
     Quote(RESULTS_MD, "**Result: {} [{}, {}]** (n = {} seeds; per seed {}, {}, {}).",
-          lambda: [*lambda_diff(), *lambda_seed_diffs()], S_LAM, LAMBDA_SEC),
+          lambda: [*lambda_diff(), *per_seed_diffs(LAMBDA, "lambda_0.6", "lambda_0")], S_LAM, LAMBDA_SEC),
     Quote(RESULTS_MD, "and an effect above about +{} is unlikely in this setting. The half-width ({}) came out "
                       "narrower than the ±0.10 to ±0.22 the protocol expected, because the paired differences spread "
                       "less (SD {}) than the earlier files' 0.041-0.089.",
-          lambda: [lambda_diff()[2], (lambda_diff()[2] - lambda_diff()[1]) / 2, statistics.stdev(lambda_seed_diffs())],
+          lambda: [lambda_diff()[2], (lambda_diff()[2] - lambda_diff()[1]) / 2,
+                   statistics.stdev(per_seed_diffs(LAMBDA, "lambda_0.6", "lambda_0"))],
           S_LAM, LAMBDA_SEC),
     Quote(RESULTS_MD, "each arm's gain over the untrained model ({}), mean over the seeds, {} [{}, {}] with shaping and "
                       "{} [{}, {}] without; every run ends {} to {} above it.",

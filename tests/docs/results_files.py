@@ -347,10 +347,11 @@ def per_seed_final(name: str, arm: str) -> list[tuple[float, float, float]]:
     return [t_interval(np.asarray(r["final_eval_correct"]) / r["final_eval_k"]) for r in arm_runs(name, arm)]
 
 
-def per_seed_diffs(name: str) -> list[float]:
-    """Each seed's IBPO minus GSPO (G = 32) on the final evaluation (see ``final_eval_diff``)."""
-    gspo = {r["seed"]: r["final_eval"] for r in arm_runs(name, "gspo_large_group")}
-    return [r["final_eval"] - gspo[r["seed"]] for r in arm_runs(name, "ibpo_plain")]
+def per_seed_diffs(name: str, arm: str = "ibpo_plain", reference: str = "gspo_large_group") -> list[float]:
+    """Each seed's ``arm`` minus ``reference`` on the final evaluation (by default IBPO minus GSPO
+    with G = 32; see ``final_eval_diff``)."""
+    ref = {r["seed"]: r["final_eval"] for r in arm_runs(name, reference)}
+    return [r["final_eval"] - ref[r["seed"]] for r in arm_runs(name, arm)]
 
 
 def half_width(sd: float, n: int) -> float:
@@ -532,11 +533,6 @@ def lambda_diff() -> tuple[float, float, float, int]:
     """The lambda experiment's primary endpoint: ``lambda_0.6 - lambda_0`` on the final
     evaluation, paired by seed and problem (see ``final_eval_diff``), t over the seeds."""
     return paired(LAMBDA, "lambda_0.6", "lambda_0", "final_eval")
-
-
-def lambda_seed_diffs() -> list[float]:
-    zero = {r["seed"]: r["final_eval"] for r in arm_runs(LAMBDA, "lambda_0")}
-    return [r["final_eval"] - zero[r["seed"]] for r in arm_runs(LAMBDA, "lambda_0.6")]
 
 
 def lambda_gain(arm: str) -> tuple[float, float, float]:
