@@ -17,11 +17,15 @@ checkpoint included) and the metrics the step logged.
 
 Writes under ``--out``: ``<arm>/steps.jsonl`` (per step: ``wall_s``, ``generate_s``,
 ``update_s``, the overlap's timestamps ``time/*`` for the off-policy arm, ``reward``,
-``response_len``, ``sync_s``), ``<arm>/fit.log``, ``server.log``, and ``summary.json`` /
-``summary.md``: each arm's medians (over every step, and over the steps after the first, which
+``response_len``, ``sync_s``), ``<arm>/fit.log``, ``server.log``, ``summary.json`` /
+``summary.md`` and ``curves.png`` (both arms' reward, response length and step time per step, on
+one step axis): each arm's medians (over every step, and over the steps after the first, which
 in the off-policy arm samples its own batch before it can overlap anything), the ratio of the
 medians, the device (CPU model, cores, the load average before and after: other people's work
 shares the machine), the date, the commit.
+
+``--replot DIR`` draws ``summary.md`` and ``curves.png`` again from ``DIR/summary.json``, running
+nothing.
 
 On a 2-core CPU the engine, the reward workers and the trainer share the same 2 cores: the
 overlap can only hide what one side leaves idle. What the numbers show is that, not a GPU's gain.
@@ -172,7 +176,8 @@ def _summary_of(rows: list[dict]) -> dict:
     return {"steps": len(rows), "median": {k: _median(rows, k) for k in keys},
             "median_after_first": {k: _median(rows[1:], k) for k in keys},
             "total_wall_s": sum(r["wall_s"] for r in rows),
-            "reward": [r["reward"] for r in rows], "response_len": [r["response_len"] for r in rows]}
+            "reward": [r["reward"] for r in rows], "response_len": [r["response_len"] for r in rows],
+            "wall_s": [r["wall_s"] for r in rows]}
 
 
 def _device() -> dict:
@@ -217,6 +222,41 @@ def _markdown(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _plot(summary: dict, path: Path) -> None:
+    """Both arms on one step axis: training reward, mean response length, and step wall time.
+    One seed each, so the reward panel shows what happened, not which mode learns faster."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    panels = (("reward", "training reward (train/reward)"), ("response_len", "mean response length (tokens)"),
+              ("wall_s", "step wall time (s)"))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, (key, title) in zip(axes, panels):
+        for n, (arm, s) in enumerate(summary["arms"].items()):
+            points = [(i, v) for i, v in enumerate(s[key]) if v is not None]
+            if points:
+                ax.plot([i for i, _ in points], [v for _, v in points], marker="o", ms=3, color=f"C{n}", label=arm)
+        ax.set_title(title)
+        ax.set_xlabel("optimizer step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(f"scripts/bench_off_policy.py, {summary['steps']} steps, {summary['date']}, commit {summary['commit']}",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _write_reports(summary: dict, out: Path) -> None:
+    (out / "summary.md").write_text(_markdown(summary))
+    _plot(summary, out / "curves.png")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-steps", type=int, default=16, help="steps of each arm (the quick start's: 16)")
@@ -224,7 +264,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=REPO / "results" / "bench_off_policy" / "latest")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bench_off_policy_runs",
                         help="the fits' default_root_dir (checkpoints, TensorBoard): GBs, kept out of --out")
+    parser.add_argument("--replot", type=Path, metavar="DIR",
+                        help="run nothing: draw DIR/summary.md and DIR/curves.png again from DIR/summary.json")
     args = parser.parse_args(argv)
+    if args.replot is not None:
+        summary = json.loads((args.replot / "summary.json").read_text())
+        for arm, s in summary["arms"].items():  # a summary written before it kept each step's wall time
+            if "wall_s" not in s:
+                rows = (args.replot / arm / "steps.jsonl").read_text().splitlines()
+                s["wall_s"] = [json.loads(line)["wall_s"] for line in rows]
+        _write_reports(summary, args.replot)
+        return
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
@@ -254,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
                 "little overlap is possible; this is what it is.",
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "summary.md").write_text(_markdown(summary))
+    _write_reports(summary, out)
     print(_markdown(summary))
 
 

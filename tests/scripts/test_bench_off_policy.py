@@ -42,3 +42,26 @@ def test_rows_and_summary_from_the_callbacks_records(load_script, tmp_path):
     assert "| off_policy | 3 | 14.0 | 13.0 | 7.0 | 6.0 | 0.5 | 4.0 | 56.0 |" in table
     assert "1.286 (steps after the first: 1.308)" in table
     assert "| 2 | 0.750 | 0.500 | 40.0 | 30.0 |" in table
+
+
+def test_replot_redraws_the_table_and_the_curves_from_a_run_on_file(load_script, tmp_path):
+    """--replot runs nothing: summary.md and curves.png come from summary.json, and a summary written
+    before it kept each step's wall time takes them from the arm's steps.jsonl."""
+    bench = load_script("bench_off_policy")
+    arms = {}
+    for arm, walls in (("sync", [20.0, 16.0]), ("off_policy", [30.0, 12.0])):
+        (tmp_path / arm).mkdir()
+        (tmp_path / arm / "steps.jsonl").write_text("".join(json.dumps({"step": i, "wall_s": w}) + "\n"
+                                                            for i, w in enumerate(walls)))
+        arms[arm] = {"steps": 2, "median": dict.fromkeys(("wall_s", "generate_s", "update_s", "ahead_wait_s",
+                                                           "time/overlap_s"), 1.0),
+                     "median_after_first": {"wall_s": 1.0}, "total_wall_s": sum(walls),
+                     "reward": [0.25, None], "response_len": [40.0, 30.0]}
+    summary = {"steps": 2, "date": "d", "commit": "c", "device": {"cpu": "cpu", "cores": 2}, "load_before": [1],
+               "load_after": [2], "seed": 0, "arms": arms, "ratio_median": 1.0, "ratio_median_after_first": 1.0}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+
+    bench.main(["--replot", str(tmp_path)])
+    assert "| 1 | - | - | 30.0 | 30.0 |" in (tmp_path / "summary.md").read_text()  # a step with no reward: "-"
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "sync" / "fit.log").exists()  # nothing ran
