@@ -2,7 +2,8 @@
 files there; a number that drifts from its data fails, naming the page, the number and the file.
 
 The quotes are in ``quotes_readme.py`` (README.md, and docs/benchmarks.md's table of the runs
-behind README's speed medians) and ``quotes_results.py`` (docs/results.md); the recomputations
+behind README's speed medians), ``quotes_off_policy.py`` (docs/benchmarks.md's 16-step off-policy
+run) and ``quotes_results.py`` (docs/results.md); the recomputations
 in ``results_files.py``; the matching in ``quote_checks.py``. A ``Quote`` is an exact fragment
 of its page with ``{}`` where each number stands; a space in it matches any run of spaces and
 line breaks, so rewrapping a paragraph keeps it, while rewording that fragment fails and names
@@ -20,15 +21,16 @@ Where the numbers come from: the per-run files, never a rendering of them (``com
 - ``results/variance/*.json`` (each method's statistics, as ``--report`` recomputed them from
   the saved inner products), ``results/exact_gradient/{fixed,curves}.json``,
   ``results/correction_regime/*.json`` (per-problem samples), ``results/bench_throughput/**.json``
-  (per-arm rows), ``results/bench_sandbox/sandbox.json``, ``results/quickstart_precision/*.log``.
+  (per-arm rows), ``results/bench_sandbox/sandbox.json``, ``results/quickstart_precision/*.log``,
+  ``results/bench_off_policy/steps16/`` (summary.json and each arm's steps.jsonl).
 
 Strict blocks: in README's Results section and speed bullet, and in docs/results.md's summary
 ("What is known, what is not, and why"), every number must lie inside a checked fragment or a
 listed definition: a number added there without a check fails, with its line.
 
-What is not covered: the rest of docs/results.md outside its checked fragments (the method
-descriptions, commands and configuration values are definitions, not measurements); pages other
-than README.md, docs/results.md and docs/benchmarks.md's speed table; dates, which no result file
+What is not covered: the rest of docs/results.md and docs/benchmarks.md outside their checked
+fragments (the method descriptions, commands and configuration values are definitions, not
+measurements); pages other than README.md, docs/results.md and docs/benchmarks.md; dates, which no result file
 records (they are the dates of the commits that added the files). No training and no model: JSON
 and logs only, all inside the repository.
 """
@@ -39,11 +41,12 @@ import re
 import pytest
 
 from quote_checks import README, RESULTS_MD, find, mismatches, page, section_of, unchecked_numbers
+from quotes_off_policy import OFF_POLICY_QUOTES
 from quotes_readme import BENCH_CLAIMS, BENCH_QUOTES, README_CLAIMS, README_QUOTES
 from quotes_results import RESULTS_SECTION_CLAIMS, RESULTS_SECTION_QUOTES, RESULTS_SUMMARY_CLAIMS, RESULTS_SUMMARY_QUOTES
 from results_files import KNOWN, REPO, S_P2, SPEED_RUNS, generated_block, rendered_report, speed_files
 
-QUOTES = README_QUOTES + BENCH_QUOTES + RESULTS_SUMMARY_QUOTES + RESULTS_SECTION_QUOTES
+QUOTES = README_QUOTES + BENCH_QUOTES + OFF_POLICY_QUOTES + RESULTS_SUMMARY_QUOTES + RESULTS_SECTION_QUOTES
 CLAIMS = README_CLAIMS + BENCH_CLAIMS + RESULTS_SUMMARY_CLAIMS + RESULTS_SECTION_CLAIMS
 
 
