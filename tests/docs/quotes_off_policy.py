@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import statistics
+from functools import cache
 
 from quote_checks import BENCH_MD, Quote
 
 ROLLOUTS_MD = "docs/rollouts.md"
-from results_files import RESULTS
+from results_files import RESULTS, result_json
 
 RUN = "bench_off_policy/steps16"
 SOURCE = f"results/{RUN}/summary.json, {{sync,off_policy}}/steps.jsonl"
@@ -18,10 +19,12 @@ SECTION = "16 steps, the quick start's length"  # its section of docs/benchmarks
 ARMS = (("sync", "synchronous (`max_staleness: 0`)"), ("off_policy", "one step off-policy (`max_staleness: 1`)"))
 
 
+@cache
 def summary() -> dict:
-    return json.loads((RESULTS / RUN / "summary.json").read_text())
+    return result_json(f"{RUN}/summary.json")
 
 
+@cache
 def steps(arm: str) -> list[dict]:
     return [json.loads(line) for line in (RESULTS / RUN / arm / "steps.jsonl").read_text().splitlines()]
 
