@@ -468,7 +468,8 @@ SPEED_RUNS = [("summary.json", " (its fp32 arms)", "2026-11-21"), ("fp32_bf16eng
               ("fp32_after_scale.json", "", "2026-11-24"),
               ("issue33/before_103b4bf.json", " (the tree of commit 103b4bf)", "2026-11-26"),
               ("issue33/after.json", "", "2026-11-26"),
-              ("issue45/same_rows_hf.json", " (`ibpo-hf (skip)`)", "2026-11-27")]
+              ("issue45/same_rows_hf.json", " (`ibpo-hf (skip)`)", "2026-11-27"),
+              ("issue45/same_rows_hf_vllm.json", " (the `(skip)` arms)", "2026-11-28")]
 
 
 def other_setup(path: str, arm: str, precision: str) -> float:
@@ -478,12 +479,11 @@ def other_setup(path: str, arm: str, precision: str) -> float:
 
 
 def same_work(arm: str) -> list[float]:
-    """The arm's every-row runs (the same rows trained as TRL's): speed-up per generated token,
-    per step and per trained token, of its one run on file (a second run makes this a median)."""
-    rows = speed_rows(arm, "every")
-    assert len(rows) == 1, f"{len(rows)} same-work runs of {arm}: quote their median"
-    row = rows[0][1]
-    return [row["tok_ratio"], row["speedup"], row["token_speedup"]]
+    """The arm's every-row runs (the same rows trained as TRL's): the median over its runs on file
+    of the speed-up per generated token, per step and per trained token, then the count of runs."""
+    rows = [row for _, row in speed_rows(arm, "every")]
+    assert rows, f"no same-work run of {arm} on file"
+    return [statistics.median(row[key] for row in rows) for key in ("tok_ratio", "speedup", "token_speedup")] + [len(rows)]
 
 
 # ------------------------------------------------------------------ the pre-registered factorial
