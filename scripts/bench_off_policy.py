@@ -25,7 +25,9 @@ medians, the device (CPU model, cores, the load average before and after: other 
 shares the machine), the date, the commit.
 
 ``--replot DIR`` draws ``summary.md`` and ``curves.png`` again from ``DIR/summary.json``, running
-nothing.
+nothing. ``--omp-wait-policy PASSIVE`` sets ``OMP_WAIT_POLICY`` for the server and both fits
+(OpenMP threads then sleep when idle instead of spinning, which matters where the engine and the
+trainer share the cores); the OpenMP settings each run had are kept in ``summary.json``.
 
 On a 2-core CPU the engine, the reward workers and the trainer share the same 2 cores: the
 overlap can only hide what one side leaves idle. What the numbers show is that, not a GPU's gain.
@@ -186,6 +188,11 @@ def _device() -> dict:
     return {"cpu": model, "cores": os.cpu_count(), "platform": platform.platform()}
 
 
+def openmp_settings(environ) -> dict:
+    """The OpenMP variables the server and the fits inherited (None: unset, the runtime's default)."""
+    return {key: environ.get(key) for key in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")}
+
+
 def _commit() -> str:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
     dirty = subprocess.run(["git", "status", "--porcelain", "--", "ibpo_lit", "callbacks", "scripts/bench_off_policy.py"],
@@ -193,12 +200,18 @@ def _commit() -> str:
     return head.strip() + (" (+ uncommitted changes)" if dirty.strip() else "")
 
 
+def _openmp_line(summary: dict) -> str:
+    """The run's OpenMP settings, where it kept them (runs before the flag did not)."""
+    settings = {k: v for k, v in summary.get("openmp", {}).items() if v is not None}
+    return f" OpenMP: {', '.join(f'{k}={v}' for k, v in settings.items())}." if settings else ""
+
+
 def _markdown(summary: dict) -> str:
     lines = [f"# One step off-policy vs synchronous, {summary['steps']} steps (scripts/bench_off_policy.py)", "",
              f"{summary['date']}, commit {summary['commit']}, {summary['device']['cpu']} ({summary['device']['cores']} "
              f"cores, shared: load average {summary['load_before']} before, {summary['load_after']} after).",
              f"configs/smollm2_135m_cpu.yaml, seed {summary['seed']}, backend vllm_server (fp32 server in its own "
-             "process), both arms one after the other on one server.", "",
+             "process), both arms one after the other on one server." + _openmp_line(summary), "",
              "| arm | steps | median step (s) | median after step 0 (s) | generate (s) | update (s) | waited for "
              "the thread (s) | overlap (s) | total (s) |", "|---|---|---|---|---|---|---|---|---|"]
     fmt = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
@@ -264,6 +277,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=REPO / "results" / "bench_off_policy" / "latest")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bench_off_policy_runs",
                         help="the fits' default_root_dir (checkpoints, TensorBoard): GBs, kept out of --out")
+    parser.add_argument("--omp-wait-policy", choices=("PASSIVE", "ACTIVE"),
+                        help="OMP_WAIT_POLICY of the server and both fits (default: the environment's)")
     parser.add_argument("--replot", type=Path, metavar="DIR",
                         help="run nothing: draw DIR/summary.md and DIR/curves.png again from DIR/summary.json")
     args = parser.parse_args(argv)
@@ -275,6 +290,8 @@ def main(argv: list[str] | None = None) -> None:
                 s["wall_s"] = [json.loads(line)["wall_s"] for line in rows]
         _write_reports(summary, args.replot)
         return
+    if args.omp_wait_policy:  # before the server starts: it and both fits inherit this environment
+        os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
@@ -297,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
         "date": started.strftime("%Y-%m-%d %H:%M UTC"), "commit": commit, "device": _device(),
         "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in os.getloadavg()],
         "config": str(CONFIG.relative_to(REPO)), "model": MODEL, "steps": args.max_steps, "seed": args.seed,
-        "command": " ".join([sys.executable, *sys.argv]), "arms": arms,
+        "command": " ".join([sys.executable, *sys.argv]), "openmp": openmp_settings(os.environ), "arms": arms,
         "ratio_median": sync["median"]["wall_s"] / off["median"]["wall_s"],
         "ratio_median_after_first": after[0] / after[1] if None not in after else None,
         "note": "2 CPU cores shared by the server, the reward workers and the trainer (and other people's tests): "

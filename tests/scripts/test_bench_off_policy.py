@@ -42,6 +42,11 @@ def test_rows_and_summary_from_the_callbacks_records(load_script, tmp_path):
     assert "| off_policy | 3 | 14.0 | 13.0 | 7.0 | 6.0 | 0.5 | 4.0 | 56.0 |" in table
     assert "1.286 (steps after the first: 1.308)" in table
     assert "| 2 | 0.750 | 0.500 | 40.0 | 30.0 |" in table
+    assert "OpenMP" not in table  # a run that kept no OpenMP settings (before --omp-wait-policy) says none
+
+    summary["openmp"] = bench.openmp_settings({"OMP_WAIT_POLICY": "PASSIVE", "PATH": "/bin"})
+    assert summary["openmp"] == {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": None, "VLLM_CPU_OMP_THREADS_BIND": None}
+    assert "one server. OpenMP: OMP_WAIT_POLICY=PASSIVE." in bench._markdown(summary)
 
 
 def test_replot_redraws_the_table_and_the_curves_from_a_run_on_file(load_script, tmp_path):
