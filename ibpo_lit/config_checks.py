@@ -35,7 +35,8 @@ What is covered:
 - ``model.rollout.max_staleness: 1`` (one step off-policy, `ibpo_lit.training.off_policy`) without
   what it needs: ``backend: vllm_server``, rollout correction on, one process, no dynamic
   sampling, ``VLLMWeightSync.every_n_steps: 1``, and a data module
-  that hands the next step's prompts (``data.steps_ahead``, linked on the command line).
+  that hands the next step's prompts (``data.steps_ahead``, linked on the command line). On a CPU
+  without ``OMP_WAIT_POLICY=PASSIVE`` in the environment it warns (`off_policy_spin_warning`).
 
 - The run's plan (`ibpo_lit.plan`, ``plan:`` settings): memory per GPU by phase, the KV cache,
   the collective timeout (on a GPU), and how much of each candidate a correction prompt keeps.
@@ -52,6 +53,7 @@ and transformers' own errors.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from ibpo_lit.errors import ConfigError, ModelNotFoundError
@@ -134,6 +136,23 @@ def off_policy_fits(max_staleness: int, backend: str, correction_on: bool, proce
     if not needs:
         return None
     return f"model.rollout.max_staleness={max_staleness} (one step off-policy) needs " + "; ".join(needs)
+
+
+def off_policy_spin_warning(max_staleness: int, on_cpu: bool, environ: Mapping[str, str]) -> Optional[str]:
+    """A warning when one step off-policy runs on a CPU whose OpenMP threads spin when idle.
+
+    The engine's server and the trainer then share the cores, and each one's OpenMP threads spin
+    after every parallel region while the other wants the core. Measured on 2 cores
+    (docs/benchmarks.md, "One step off-policy on the CPU"): the off-policy step took 2.15x the
+    synchronous one with the default, 1.05x with ``OMP_WAIT_POLICY=PASSIVE``. A warning, not a
+    setting: OpenMP reads the variable once, when torch loads it, so it must be set before the
+    process (and the server's) starts."""
+    if not max_staleness or not on_cpu or environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
+        return None
+    return (f"model.rollout.max_staleness={max_staleness} on a CPU with OMP_WAIT_POLICY="
+            f"{environ.get('OMP_WAIT_POLICY') or 'unset'}: the server's and the trainer's OpenMP threads spin on the "
+            "cores they share (measured on 2 cores: each step about 2x as long as synchronously); start both with "
+            "OMP_WAIT_POLICY=PASSIVE in their environment, or use max_staleness: 0 on a CPU")
 
 
 def mini_batches_fit(num_mini_batches: int, prompts_per_step: int, group_size: int) -> Optional[str]:
@@ -292,6 +311,17 @@ def _warn_slow_precision(model: Any, trainer: Any) -> None:
         rank_zero_warn(warning)
 
 
+def _warn_off_policy_spin(model: Any, trainer: Any) -> None:
+    from ibpo_lit.precision import runs_on_cpu
+
+    warning = off_policy_spin_warning(getattr(model.rollout_cfg, "max_staleness", 0),
+                                      runs_on_cpu(getattr(trainer, "accelerator", "auto")), os.environ)
+    if warning:
+        from lightning.pytorch.utilities import rank_zero_warn
+
+        rank_zero_warn(warning)
+
+
 def read_checkpoint_error(ckpt_path: str, exc: BaseException) -> ConfigError:
     """The error for a checkpoint file that exists but does not load (truncated, not a checkpoint)."""
     return ConfigError(
@@ -353,6 +383,7 @@ def check_fit_settings(model: Any, datamodule: Any, trainer: Any, ckpt_path: Opt
     if not any(problems):  # a plan of a contradictory config would only repeat its problems
         problems.extend(plan_problems(model, datamodule, trainer, plan_settings))
     _warn_slow_precision(model, trainer)
+    _warn_off_policy_spin(model, trainer)
     problems = [p for p in problems if p]
     if len(problems) == 1:
         raise ConfigError(problems[0])

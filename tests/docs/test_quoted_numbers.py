@@ -41,13 +41,13 @@ import re
 import pytest
 
 from quote_checks import README, RESULTS_MD, find, mismatches, page, section_of, unchecked_numbers
-from quotes_off_policy import OFF_POLICY_QUOTES
+from quotes_off_policy import OFF_POLICY_CLAIMS, OFF_POLICY_QUOTES
 from quotes_readme import BENCH_CLAIMS, BENCH_QUOTES, README_CLAIMS, README_QUOTES
 from quotes_results import RESULTS_SECTION_CLAIMS, RESULTS_SECTION_QUOTES, RESULTS_SUMMARY_CLAIMS, RESULTS_SUMMARY_QUOTES
 from results_files import KNOWN, REPO, S_P2, SPEED_RUNS, generated_block, rendered_report, speed_files
 
 QUOTES = README_QUOTES + BENCH_QUOTES + OFF_POLICY_QUOTES + RESULTS_SUMMARY_QUOTES + RESULTS_SECTION_QUOTES
-CLAIMS = README_CLAIMS + BENCH_CLAIMS + RESULTS_SUMMARY_CLAIMS + RESULTS_SECTION_CLAIMS
+CLAIMS = README_CLAIMS + BENCH_CLAIMS + OFF_POLICY_CLAIMS + RESULTS_SUMMARY_CLAIMS + RESULTS_SECTION_CLAIMS
 
 
 def _id(check) -> str:

@@ -41,7 +41,7 @@ import pytest
 import torch
 
 from ibpo_lit.config import RolloutConfig
-from ibpo_lit.config_checks import off_policy_fits
+from ibpo_lit.config_checks import off_policy_fits, off_policy_spin_warning
 from ibpo_lit.data.lookahead import StepPrompts, steps_with_lookahead
 from ibpo_lit.data.prompt import Prompt
 from ibpo_lit.rollout.batch import RolloutBatch
@@ -98,6 +98,17 @@ def test_off_policy_needs_a_server_correction_and_the_look_ahead():
     assert "data.steps_ahead=1 but model.rollout.max_staleness=0" in _problem(max_staleness=0, steps_ahead=1)
     several = _problem(backend="hf", correction_on=False)  # every unmet need at once
     assert "backend" in several and "rollout_correction" in several
+
+
+def test_off_policy_on_a_cpu_warns_unless_openmp_threads_sleep():
+    """OpenMP threads that spin when idle cost the overlap its time on shared cores (measured:
+    docs/benchmarks.md); the variable is read once per process, so the run can only say so."""
+    warning = off_policy_spin_warning(1, True, {"PATH": "/bin"})
+    assert "OMP_WAIT_POLICY=unset" in warning and "start both with OMP_WAIT_POLICY=PASSIVE" in warning
+    assert "OMP_WAIT_POLICY=ACTIVE" in off_policy_spin_warning(1, True, {"OMP_WAIT_POLICY": "ACTIVE"})
+    assert off_policy_spin_warning(1, True, {"OMP_WAIT_POLICY": "passive"}) is None
+    assert off_policy_spin_warning(0, True, {}) is None  # synchronous: the phases take turns
+    assert off_policy_spin_warning(1, False, {}) is None  # a GPU trainer: its cores are not the engine's
 
 
 def test_the_command_line_refuses_off_policy_with_the_hf_engine(tmp_path, monkeypatch):
@@ -323,7 +334,9 @@ def _in_flight(ckpt):
 def test_one_step_off_policy_overlaps_lags_one_update_and_resumes_exactly(server, tmp_path, monkeypatch,
                                                                            one_intra_op_thread):
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
-    full, seen = _fit(server, tmp_path / "full", 3)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    with pytest.warns(UserWarning, match="max_staleness=1 on a CPU with OMP_WAIT_POLICY=unset"):  # the fit says so
+        full, seen = _fit(server, tmp_path / "full", 3)
     print("off-policy step metrics (3-step fit):", seen.logged)  # (shown with -s)
     # step 0 samples now (version 0); every later step trains the batch sampled one update earlier
     assert [(s, sampled, trainer) for s, sampled, trainer, _ in seen.trained] == [(0, 0, 0), (1, 0, 1), (2, 1, 2)]
