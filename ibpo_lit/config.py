@@ -351,7 +351,7 @@ class RolloutConfig:
             (``training.off_policy``; needs ``backend: vllm_server`` and rollout correction on;
             docs/rollouts.md). The data module then hands each step the next step's prompts too
             (``data.steps_ahead``, linked). On a CPU, start the trainer and the server with
-            ``OMP_WAIT_POLICY=PASSIVE`` (else it warns: their spinning threads double each step).
+            ``OMP_WAIT_POLICY=PASSIVE`` (else it warns: their spinning threads made each step 2-3x as long).
         hf_decode: The HF engine's decode (``backend: hf`` only): ``dynamic`` (a KV cache that grows
             each step, finished rows leave the batch) or ``static`` (a fixed-size cache, every row
             decoded to the batch's end, the step compiled into a CUDA graph on a GPU; other

@@ -151,7 +151,7 @@ def off_policy_spin_warning(max_staleness: int, on_cpu: bool, environ: Mapping[s
         return None
     return (f"model.rollout.max_staleness={max_staleness} on a CPU with OMP_WAIT_POLICY="
             f"{environ.get('OMP_WAIT_POLICY') or 'unset'}: the server's and the trainer's OpenMP threads spin on the "
-            "cores they share (measured on 2 cores: each step about 2x as long as synchronously); start both with "
+            "cores they share (measured on 2 cores: each step 2-3x as long as synchronously); start both with "
             "OMP_WAIT_POLICY=PASSIVE in their environment, or use max_staleness: 0 on a CPU")
 
 
