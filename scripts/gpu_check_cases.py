@@ -65,7 +65,7 @@ def model_config(shape: str):
 def build_model(shape: str, seed: Optional[int] = 0):
     """The shape's Qwen3: on the meta device when called under it (FSDP2's sharding pass), else
     with random weights filled on the accelerator when there is one (norms 1, the rest normal
-    with the config's ``initializer_range``), seeded."""
+    with the config's ``initializer_range``), seeded, and its rotary buffers computed."""
     import torch
     from transformers import Qwen3ForCausalLM
 
@@ -76,6 +76,12 @@ def build_model(shape: str, seed: Optional[int] = 0):
         model = Qwen3ForCausalLM(config)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to_empty(device=device)
+    # to_empty leaves every tensor as whatever memory held, buffers included: the rotary
+    # embedding's inv_freq (not a parameter) must be computed again, or a forward reads garbage
+    # (NaN log-probs in a long test process, CI 2026-11-28).
+    from ibpo_lit.scale.fsdp2 import fp32_rotary_buffers
+
+    fp32_rotary_buffers(model)
     generator = torch.Generator(device).manual_seed(0 if seed is None else int(seed))
     with torch.no_grad():
         for name, param in model.named_parameters():

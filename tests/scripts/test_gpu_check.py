@@ -214,3 +214,18 @@ def test_the_session_script_writes_the_check_under_out(tmp_path):
     assert result["complete"] and result["ran"] == ["update/tiny/48", "update/tiny/96"]
     assert "import time:" in (tmp_path / "gpu_check_stderr.txt").read_text()  # the import tree comes back
     assert "update/tiny/48:" in (tmp_path / "gpu_check_stdout.txt").read_text() and "exit 0" in done.stdout
+
+
+def test_the_built_model_computes_its_rotary_buffers_not_garbage(load_script):
+    """build_model fills an empty model: its weights from the seed, its rotary buffers (not
+    parameters) computed as the model's own constructor does. Left as to_empty's memory they
+    once read NaN and failed tests/scripts/test_bench_packing.py in a long CI process."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    cases = load_script("gpu_check_cases")
+    built, constructed = cases.build_model("tiny"), Qwen3ForCausalLM(cases.model_config("tiny"))
+    buffers = dict(constructed.named_buffers())
+    assert set(dict(built.named_buffers())) == set(buffers)
+    for name, buffer in built.named_buffers():
+        assert torch.equal(buffer, buffers[name]), name
