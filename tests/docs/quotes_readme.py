@@ -392,10 +392,9 @@ def _three_x_bound():
     run = run_of(SAME_ROWS)
     rows = {r["arm"]: r for r in run["rows"]}
     ibpo, trl = rows["ibpo-hf"], rows["trl"]
-    arm = next(a for a in run["arms"] if a["arm"] == "ibpo-hf")
-    timed = arm["records"][run["settings"]["warmup"]:]
-    tokens = statistics.fmean(r["trained_tokens"] for r in timed)
-    update_floor = 6 * arm["n_params"] * tokens / run["peak_flops"]["fp32"]
+    n_params = next(a["n_params"] for a in run["arms"] if a["arm"] == "ibpo-hf")
+    tokens = statistics.fmean(r["trained_tokens"] for r in _timed(SAME_ROWS, "ibpo-hf", True))
+    update_floor = 6 * n_params * tokens / run["peak_flops"]["fp32"]
     first = ibpo["generate_s"] / ratio + ibpo["update_s"]
     second = ibpo["generate_s"] / ratio + update_floor
     return [trl["s_per_step"], ibpo["s_per_step"], ibpo["generate_s"], ibpo["update_s"], ratio, first,
