@@ -20,7 +20,7 @@ TINY = ["--device", "cpu", "--shape", "tiny", "--batch", str(BATCH), "--prompt-t
 @pytest.fixture
 def bench(load_script, monkeypatch):
     """The script as a module, its budget counted from now (``IBPO_T0``, not the pytest process's
-    start); afterwards the environment and any default process group are undone (stage 0 imports
+    start); afterwards the environment and any default process group it made are undone (stage 0 imports
     Lightning, as bench_update's fixture explains), and dynamo's compiled graphs dropped."""
     import os
 
@@ -28,9 +28,10 @@ def bench(load_script, monkeypatch):
 
     monkeypatch.syspath_prepend(str(REPO / "scripts"))
     saved = dict(os.environ)
+    before = dist.is_available() and dist.is_initialized()  # a session vLLM engine's group: not ours to end
     os.environ["IBPO_T0"] = str(time.time())
     yield load_script("bench_decode")
-    if dist.is_available() and dist.is_initialized():
+    if not before and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     if "torch._dynamo" in sys.modules:  # the compiled arm's graphs stay out of later tests
         sys.modules["torch._dynamo"].reset()
