@@ -255,7 +255,8 @@ class Check:
         start, cwd = self.budget.elapsed(), os.getcwd()
         os.chdir(REPO)
         try:
-            code = pytest.main(["-q", "-m", "gpu", "-p", "no:cacheprovider", "--deselect", SELF_TEST, *files],
+            # -n 0: in this process, one test after another (the suite's own default is parallel workers)
+            code = pytest.main(["-q", "-n", "0", "-m", "gpu", "-p", "no:cacheprovider", "--deselect", SELF_TEST, *files],
                                plugins=[collect])
         finally:
             os.chdir(cwd)
