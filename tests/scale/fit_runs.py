@@ -58,6 +58,7 @@ def scripted(mode: str = "hash") -> dict:
 
 
 CORRECTIONS = {"class_path": "callbacks.CorrectionRollouts"}
+SHARED_FITS = "scale_fits"  # the xdist group of the files reading conftest.shared_fit's runs (tests/conftest.py)
 
 
 def fit_command(config: str, root: Path, *extra: str) -> list[str]:

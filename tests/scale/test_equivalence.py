@@ -16,24 +16,24 @@ arithmetic, not of Adam's amplification of the last bit.
 import pytest
 import torch
 
-from fit_runs import CORRECTIONS, callbacks, read_ranks, recorder, run_fit, scalars, scripted
+from fit_runs import CORRECTIONS, SHARED_FITS, callbacks, read_ranks, recorder, run_fit, scalars, scripted
 from ibpo_lit.models import build_tiny_model
+
+pytestmark = pytest.mark.xdist_group(SHARED_FITS)  # the FSDP2 run is test_sharded_resume's unbroken run
 
 STEPS = 3
 COMMON = ("--trainer.max_steps", str(STEPS), "--model.optim.eps", "1e-6")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(shared_fit):
     out = {}
     for name, extra, world in (
         ("one", ("--trainer.devices", "1", "--trainer.strategy", "auto", "--data.prompts_per_step", "4"), 1),
         ("fsdp2", (), 2),
         ("ddp", ("--trainer.strategy", "ddp"), 2),
     ):
-        root = tmp_path_factory.mktemp(name)
-        run_fit("tiny_fsdp.yaml", root, *COMMON, *extra,
-                "--trainer.callbacks", callbacks(scripted("hash"), CORRECTIONS, recorder(root)))
+        root = shared_fit("tiny_fsdp.yaml", (scripted("hash"), CORRECTIONS), *COMMON, *extra)
         out[name] = (root, read_ranks(root, world), torch.load(root / "weights.pt"))
     return out
 

