@@ -27,25 +27,39 @@ def _help(cache: Path, *argv: str) -> tuple[str, str]:
     return proc.stdout, proc.stderr.strip().splitlines()[-1]
 
 
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    """``rendered(*argv) -> (cache, text, imported)``: the help as the parser renders it into an
+    empty cache, once per request for the module (each render imports Lightning: seconds)."""
+    done = {}
+
+    def render(*argv: str):
+        if argv not in done:
+            cache = tmp_path_factory.mktemp("help_cache")
+            done[argv] = (cache, *_help(cache, *argv))
+        return done[argv]
+
+    return render
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["fit", "--help"]])
-def test_help_is_rendered_once_then_printed_without_torch(tmp_path, argv):
-    first, imported = _help(tmp_path, *argv)
+def test_help_is_rendered_once_then_printed_without_torch(rendered, argv):
+    cache, first, imported = rendered(*argv)
     assert imported == "True True 0" and "usage:" in first
     if argv[0] == "fit":
         assert "--model.algorithm.ibpo.variant" in first and "--trainer.precision" in first
-    again, imported = _help(tmp_path, *argv)
+    again, imported = _help(cache, *argv)
     assert imported == "False False 0" and again == first
 
 
-def test_a_run_keeps_the_help_it_would_print(tmp_path):
+def test_a_run_keeps_the_help_it_would_print(tmp_path, rendered):
     # The quick start's `fit` builds the same parser: after it, `--help` needs no Lightning.
     _help(tmp_path, "fit", "--config", str(REPO / "configs" / "tiny.yaml"), "--trainer.max_steps", "1",
           "--trainer.default_root_dir", str(tmp_path / "run"), "--trainer.enable_progress_bar", "false")
     for argv in (["--help"], ["fit", "--help"], ["validate", "--help"]):
         kept, imported = _help(tmp_path, *argv)
         assert imported == "False False 0", argv
-        rendered, _ = _help(tmp_path / "fresh", *argv)  # an empty cache: rendered by the parser
-        assert kept == rendered, argv
+        assert kept == rendered(*argv)[1], argv  # as the parser renders it into an empty cache
 
 
 def test_only_plain_help_requests_are_kept():
