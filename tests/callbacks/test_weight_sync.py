@@ -15,6 +15,8 @@ from callbacks import StaleWeightsError, VLLMWeightSync
 from ibpo_lit.rollout.weights import WeightSyncContext, iter_full_weights
 from ibpo_lit.scale.collectives import SINGLE_PROCESS
 
+pytestmark = pytest.mark.xdist_group("tiny_vllm")  # the session's engine (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -14,6 +14,8 @@ from ibpo_lit.rollout.tools import ToolConfig, ToolRollouts, tool_turn_ids, turn
 from ibpo_lit.tool_use import with_tools
 from tool_policy import ANSWER, CODES, OUTPUTS, TRANSCRIPT, tool_policy
 
+pytestmark = pytest.mark.xdist_group("tiny_vllm")  # the session's engine (tests/conftest.py)
+
 SAMPLING = SamplingConfig(temperature=1.0, max_new_tokens=120)
 
 

@@ -9,6 +9,8 @@ from ibpo_lit.rollout import SamplingConfig
 from ibpo_lit.rollout.weights import iter_full_weights
 from ibpo_lit.training.logprobs import response_logprobs
 
+pytestmark = pytest.mark.xdist_group("tiny_vllm")  # the session's engine (tests/conftest.py)
+
 EOS = 2
 
 
