@@ -429,3 +429,23 @@ def test_training_and_evaluation_score_code_with_one_pool():
         assert isinstance(math_pool, RewardPool) and math_pool.unscorable == {"timeout": 0, "error": 0, "none": 0}
     finally:
         math_pool.close()
+
+
+def test_a_new_trainer_removes_only_the_groups_of_callers_that_are_gone(tmp_path, monkeypatch):
+    """`_remove_stale`: the cgroups named for a process that has exited are removed; those of a
+    live caller, and anything not named ``<pid>-...``, are left alone (before, the suite covered
+    this only when an earlier run happened to leave a group behind)."""
+    import subprocess
+    import sys
+
+    from ibpo_lit.rewards.sandbox import isolation
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    for name in (f"{gone.pid}-run", f"{gone.pid}-run-judge", f"{os.getpid()}-run", "scratch"):
+        (tmp_path / name).mkdir()
+    (tmp_path / f"{gone.pid}-file").write_text("")  # not a group
+    removed = []
+    monkeypatch.setattr(isolation, "remove_cgroup", lambda path, wait_s=2.0: removed.append(os.path.basename(path)))
+    isolation._remove_stale(str(tmp_path))
+    assert sorted(removed) == [f"{gone.pid}-run", f"{gone.pid}-run-judge"]
