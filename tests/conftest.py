@@ -1,5 +1,15 @@
 """Fixtures shared across test folders."""
-import pytest
+import os
+import sys
+
+# The suite's workers, the fits they start and their vLLM servers share the machine's cores.
+# OpenMP's default lets a thread that waits spin for a while first, on a core another process
+# needs (the fit warns of it for off-policy runs: each step 2-3x as long on 2 cores); passive
+# waiting gives the core back. OpenMP reads it once, when torch loads it: here, before any test
+# imports torch, in the workers and in every process they start. A user's own setting is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
 
 
 @pytest.fixture

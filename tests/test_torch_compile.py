@@ -45,8 +45,8 @@ def logp_and_grads(model, batch):
 def test_compiled_layers_train_like_eager_and_generate_eagerly(monkeypatch):
     torch._dynamo.reset()
     head_calls = []
-    compiled_reduce = logprobs_module._compiled_reduce
-    monkeypatch.setattr(logprobs_module, "_compiled_reduce", lambda *a: head_calls.append(1) or compiled_reduce(*a))
+    compiled_reduce = logprobs_module._compiled_reduce()
+    monkeypatch.setattr(logprobs_module, "_compiled_reduce", lambda: head_calls.append(1) or compiled_reduce)
     eager_model = build_tiny_model(seed=0)
     compiled = copy.deepcopy(eager_model)
     assert compile_decoder_layers(compiled) == eager_model.config.num_hidden_layers

@@ -54,6 +54,7 @@ What is not covered:
 """
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import contextmanager
 from typing import Iterator, Optional
@@ -91,7 +92,11 @@ def _reduce(logits: Tensor, targets: Tensor, temperature: float, entropy: Option
 
 # model.torch_compile: the same reduction fused by inductor (the float32 upcast, the gather and
 # the log-sum-exp in one pass over the [N, V] logits instead of a float32 copy of them first).
-_compiled_reduce = torch.compile(_reduce)
+# Wrapped on first use: `torch.compile` imports inductor (about 1 s), which a run that compiles
+# nothing, and every `--help`, would otherwise pay at import.
+@functools.cache
+def _compiled_reduce():
+    return torch.compile(_reduce)
 
 
 class _Stats:
@@ -108,7 +113,7 @@ class _Stats:
         return (2,) if self.entropy else ()
 
     def __call__(self, logits: Tensor, targets: Tensor) -> Tensor:
-        return (_compiled_reduce if self.compiled else _reduce)(logits, targets, self.temperature, self.entropy)
+        return (_compiled_reduce() if self.compiled else _reduce)(logits, targets, self.temperature, self.entropy)
 
 
 def response_logprobs_and_entropy(
