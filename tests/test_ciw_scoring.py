@@ -272,12 +272,9 @@ def test_weights_plug_into_the_losses(tokenizer, model):
 def test_token_pieces_bpe():
     from transformers import AutoTokenizer
 
-    from ibpo_lit.models.smollm2 import SMOLLM2_NAME, default_cache_dir, is_complete
+    from ibpo_lit.models.smollm2 import fetch_smollm2
 
-    path = default_cache_dir() / "models" / SMOLLM2_NAME
-    if not is_complete(path):
-        pytest.skip("SmolLM2 is not in the local cache (python -m ibpo_lit.models.fetch_cli)")
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(fetch_smollm2())  # fetched once per machine (tests/rewards/untrusted_tokenizers.py)
     cfg = CIWConfig()
     text = "We get 12 × 3 = 36 for 数学. Then we add one more, for sure.\nThe final answer is \\boxed{37}."
     ids = tok(text, add_special_tokens=False).input_ids

@@ -9,12 +9,11 @@
   assistant message's content is moved into a ``<think>`` block) and ``enable_thinking``.
 - `with_bos`: the character tokenizer without a chat template, whose post-processor puts a BOS
   (``<|endoftext|>``) before every text, as Llama-2-style tokenizers do.
-- `smollm2`: SmolLM2-135M-Instruct's own tokenizer when it has been fetched
-  (``python -m ibpo_lit fetch``); the test is skipped otherwise.
+- `smollm2`: SmolLM2-135M-Instruct's own tokenizer, fetched on first use as
+  ``python -m ibpo_lit fetch`` fetches it.
 """
 from __future__ import annotations
 
-import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -97,13 +96,12 @@ def with_bos() -> PreTrainedTokenizerFast:
 
 
 def smollm2():
-    from ibpo_lit.cache_dir import default_cache_dir
-    from ibpo_lit.models.smollm2 import SMOLLM2_NAME
+    """SmolLM2-135M-Instruct's tokenizer, fetched once per machine as the first command fetches it
+    (a lock keeps two workers from converting it twice). It used to skip when not fetched yet: on
+    a fresh machine these tests then depended on whether test_smollm2_step.py had run first."""
+    from ibpo_lit.models.smollm2 import fetch_smollm2
 
-    folder = default_cache_dir() / "models" / SMOLLM2_NAME
-    if not (folder / "ibpo_lit_fetch.json").exists():
-        pytest.skip("SmolLM2-135M-Instruct is not fetched here (python -m ibpo_lit fetch)")
-    return AutoTokenizer.from_pretrained(folder)
+    return AutoTokenizer.from_pretrained(fetch_smollm2())
 
 
 def control_ids(tokenizer, ids) -> list[int]:
