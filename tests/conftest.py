@@ -115,8 +115,9 @@ def pytest_collection_modifyitems(config, items):
     Each test file runs on one worker (its module fixtures are built once), unless the file names
     a group with ``pytestmark = pytest.mark.xdist_group(name)``: the files of a group share a
     session fixture (one vLLM server, one engine, one run that several files read) and run on one
-    worker, in this order. Files and groups that hold ``slow`` tests are handed out first, so that
-    the longest work starts early and no worker ends long after the other.
+    worker, in this order. Files and groups that hold ``slow`` tests are handed out first, those
+    with the most first (their count stands in for their length), so that the longest work starts
+    early and no worker ends long after the other.
 
     Tests marked ``gpu`` need a CUDA device: skipped (never failing) without one."""
     import torch
@@ -125,11 +126,15 @@ def pytest_collection_modifyitems(config, items):
         mark = item.get_closest_marker("xdist_group")
         return mark.args[0] if mark else item.nodeid.split("::")[0]
 
-    slow = {group(item) for item in items if "slow" in item.keywords}
+    slow: dict[str, int] = {}  # group -> its number of slow tests
+    for item in items:
+        if "slow" in item.keywords:
+            slow[group(item)] = slow.get(group(item), 0) + 1
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group(item)))
-    items.sort(key=lambda item: group(item) not in slow)  # (a stable sort: each file's order kept)
+    # (a stable sort: each file's order kept; xdist keeps this order: --no-loadscope-reorder)
+    items.sort(key=lambda item: -slow.get(group(item), 0))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (run on the GPU machine: scripts/gpu_check.py, docs/scaling.md)")

@@ -145,6 +145,8 @@ def test_a_two_step_fit_probes_every_sync(server, tmp_path, monkeypatch, one_int
 @pytest.mark.slow
 def test_a_fit_whose_server_stalls_stops_named_and_resumes_from_its_last_checkpoint(server, tmp_path, monkeypatch,
                                                                                     one_intra_op_thread):
+    import dataclasses
+
     import lightning as L
 
     from ibpo_lit.__main__ import main
@@ -162,6 +164,10 @@ def test_a_fit_whose_server_stalls_stops_named_and_resumes_from_its_last_checkpo
     class Stop(L.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             if trainer.global_step == 1:  # step 1 saved, its weights synced: step 2's rollouts stall
+                # ... against a 5 s limit (the engine reads its limit at each call): the healthy
+                # steps keep their 30 s, and the test does not wait 30 s for the stall
+                engine = pl_module.engine
+                engine.config = dataclasses.replace(engine.config, generate_timeout_s=5.0)
                 os.killpg(process.pid, signal.SIGSTOP)
 
     cli = main(args, run=False)
