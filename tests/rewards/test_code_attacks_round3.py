@@ -197,17 +197,23 @@ def trainer_in_a_one_cpu_cgroup(isolated):
 @pytest.mark.parametrize("guard", ["off", "on"])
 def test_a_busy_neighbour_cannot_decide_a_correct_programs_verdict(trainer_in_a_one_cpu_cgroup, guard):
     import dataclasses
-    import threading
+    import multiprocessing
     import time
+
+    from ibpo_lit.rewards.sandbox.isolation import remove_cgroup
 
     iso = trainer_in_a_one_cpu_cgroup
     if guard == "off":  # no per-run cpu groups: 61 busy processes and the correct program share one CPU
         iso = dataclasses.replace(iso, cgroups={k: v for k, v in iso.cgroups.items() if k != "cpu"})
-    # The neighbour spins for longer than the correct program's whole run can last (its judge's
+    # The neighbour's limit is longer than the correct program's whole run can last (its judge's
     # start, slow beside 61 spinners, plus 3 s): with 15 s, a slow start once let the correct
     # program run after the neighbour's limit had ended it, and pass unguarded (CI, 2026-11-26).
-    hostile = threading.Thread(target=run_tests, args=(BUSY, ["assert f() == 1"]),
-                               kwargs=dict(remote=("f",), timeout_s=40.0, isolation=iso, extract=False))
+    # It runs from a process of its own (forked: in this cgroup, with this isolation), ended
+    # once the verdict is in: its sandbox dies with it (death signals, its PID namespace), and
+    # the groups its runs made are removed here (the reaper watches this process, not that one).
+    hostile = multiprocessing.get_context("fork").Process(
+        target=run_tests, args=(BUSY, ["assert f() == 1"]),
+        kwargs=dict(remote=("f",), timeout_s=40.0, isolation=iso, extract=False), daemon=True)
     hostile.start()
     time.sleep(2.0)  # its 60 processes are spinning
     try:
@@ -216,7 +222,13 @@ def test_a_busy_neighbour_cannot_decide_a_correct_programs_verdict(trainer_in_a_
     except SandboxError as e:  # its sandbox could not even start beside the neighbour: unscorable
         r = e
     finally:
+        assert hostile.is_alive(), "the neighbour ended before the verdict: it did not outlast the run"
+        hostile.kill()
         hostile.join()
+        for parent in iso.cgroups.values():
+            for name in os.listdir(parent):
+                if name.startswith(f"{hostile.pid}-"):
+                    remove_cgroup(os.path.join(parent, name))
     if guard == "off":  # starved: a timeout (0), or no start at all (None)
         assert isinstance(r, SandboxError) or r.status == "timeout", r
     else:
