@@ -200,7 +200,7 @@ def test_a_busy_neighbour_cannot_decide_a_correct_programs_verdict(trainer_in_a_
     import multiprocessing
     import time
 
-    from ibpo_lit.rewards.sandbox.isolation import remove_cgroup
+    from ibpo_lit.rewards.sandbox.isolation import _remove_stale
 
     iso = trainer_in_a_one_cpu_cgroup
     if guard == "off":  # no per-run cpu groups: 61 busy processes and the correct program share one CPU
@@ -210,7 +210,8 @@ def test_a_busy_neighbour_cannot_decide_a_correct_programs_verdict(trainer_in_a_
     # program run after the neighbour's limit had ended it, and pass unguarded (CI, 2026-11-26).
     # It runs from a process of its own (forked: in this cgroup, with this isolation), ended
     # once the verdict is in: its sandbox dies with it (death signals, its PID namespace), and
-    # the groups its runs made are removed here (the reaper watches this process, not that one).
+    # the groups its runs made are removed here, as those of any caller that no longer exists
+    # (the reaper watches this process, not that one).
     hostile = multiprocessing.get_context("fork").Process(
         target=run_tests, args=(BUSY, ["assert f() == 1"]),
         kwargs=dict(remote=("f",), timeout_s=40.0, isolation=iso, extract=False), daemon=True)
@@ -222,13 +223,12 @@ def test_a_busy_neighbour_cannot_decide_a_correct_programs_verdict(trainer_in_a_
     except SandboxError as e:  # its sandbox could not even start beside the neighbour: unscorable
         r = e
     finally:
-        assert hostile.is_alive(), "the neighbour ended before the verdict: it did not outlast the run"
+        outlasted = hostile.is_alive()
         hostile.kill()
         hostile.join()
         for parent in iso.cgroups.values():
-            for name in os.listdir(parent):
-                if name.startswith(f"{hostile.pid}-"):
-                    remove_cgroup(os.path.join(parent, name))
+            _remove_stale(parent)
+    assert outlasted, "the neighbour ended before the verdict: it did not outlast the run"
     if guard == "off":  # starved: a timeout (0), or no start at all (None)
         assert isinstance(r, SandboxError) or r.status == "timeout", r
     else:
